@@ -1,0 +1,41 @@
+"""prep: map a per-row function over a batch of tensors with the executor that wins.
+
+    >>> import torch, prep
+    >>> out = prep.map_rows(lambda row: row * 2, torch.ones(4, 3), executor="threads")
+    >>> out.shape
+    torch.Size([4, 3])
+"""
+
+from __future__ import annotations
+
+from ._rowwise import rowwise
+from .api import Pool, map_rows, map_samples, shutdown
+from .errors import (
+    BatchTimeout,
+    ConfigError,
+    PrepError,
+    RowError,
+    ShardError,
+    StackError,
+    WorkerCrashed,
+)
+from .executors import REGISTRY as executors
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchTimeout",
+    "ConfigError",
+    "Pool",
+    "PrepError",
+    "RowError",
+    "ShardError",
+    "StackError",
+    "WorkerCrashed",
+    "__version__",
+    "executors",
+    "map_rows",
+    "map_samples",
+    "rowwise",
+    "shutdown",
+]

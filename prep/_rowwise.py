@@ -1,0 +1,81 @@
+"""Marking a row function with its batched (vectorized) twin."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ATTR = "__prep_twin__"
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A row function's batched form.
+
+    ``rename`` maps a row function's keyword name to the batched function's
+    (``x`` -> ``inputs``, ``length`` -> ``lengths``), used when columns are
+    passed by name.
+    """
+
+    batched: Callable[..., Any]
+    rename: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BoundTwin:
+    """A twin with the arguments a ``functools.partial`` bound to the row function."""
+
+    twin: Twin
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, *columns: Any, **named: Any) -> Any:
+        named = {self.twin.rename.get(k, k): v for k, v in named.items()}
+        return self.twin.batched(*self.args, *columns, **self.kwargs, **named)
+
+
+def rowwise(*, batched: Callable[..., Any], rename: Mapping[str, str] | None = None
+            ) -> Callable[[F], F]:
+    """Mark a row function as having a batched twin.
+
+    ``executor="vectorized"`` then calls ``batched(*columns, **kwargs)`` once
+    instead of the row function once per row. A ``functools.partial`` of the
+    marked function keeps its twin, with the same bound arguments.
+
+    >>> import torch, prep
+    >>> def double_all(x):
+    ...     return x * 2
+    >>> @prep.rowwise(batched=double_all)
+    ... def double(row):
+    ...     return row * 2
+    >>> prep.map_rows(double, torch.ones(3, 2), executor="vectorized").tolist()
+    [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
+    """
+    if not callable(batched):
+        raise TypeError(f"rowwise(batched=...) needs a callable, got {batched!r}")
+    twin = Twin(batched, dict(rename or {}))
+
+    def mark(fn: F) -> F:
+        setattr(fn, _ATTR, twin)
+        return fn
+
+    return mark
+
+
+def twin_of(fn: Callable[..., Any]) -> BoundTwin | None:
+    """The batched twin of ``fn`` (looking through ``functools.partial``), or None."""
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    while isinstance(fn, functools.partial):
+        args = fn.args + args
+        kwargs = {**fn.keywords, **kwargs}
+        fn = fn.func
+    twin = getattr(fn, _ATTR, None)
+    if twin is None:
+        return None
+    renamed = {twin.rename.get(k, k): v for k, v in kwargs.items()}
+    return BoundTwin(twin, args, renamed)

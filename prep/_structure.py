@@ -1,0 +1,258 @@
+"""What goes in (rows of a batch) and what comes out (one preallocated output).
+
+A batch is split into *rows* by a :class:`Rows` object, which knows how to call
+the row function on row ``i``. Results are flattened into *leaves* (tensors) by
+:func:`flatten`, and each leaf of row ``i`` is copied into ``buffer[i]`` of an
+:class:`Output` allocated once, from the first row's result or from ``out=``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import StackError
+
+Result = Tensor | tuple[Tensor, ...] | dict[str, Tensor]
+
+
+# ---------------------------------------------------------------- inputs
+
+
+class Rows:
+    """Rows of a batch; ``call(fn, i)`` runs the row function on row ``i``."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def call(self, fn: Callable[..., Any], i: int) -> Any:
+        raise NotImplementedError
+
+    def chunk(self, start: int, stop: int) -> Any:
+        """What a worker process needs, beyond :meth:`shell`, to run rows ``start:stop``."""
+        raise NotImplementedError
+
+    def shell(self) -> Rows:
+        """The part sent to a worker once per batch; ``with_chunk`` completes it."""
+        raise NotImplementedError
+
+    def with_chunk(self, start: int, payload: Any) -> Rows:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TensorRows(Rows):
+    """Rows of one tensor, a tuple of tensors, or a dict of tensors (``names``)."""
+
+    columns: tuple[Tensor, ...]
+    names: tuple[str, ...] | None = None
+
+    def __len__(self) -> int:
+        return self.columns[0].shape[0]
+
+    def call(self, fn: Callable[..., Any], i: int) -> Any:
+        row = [c[i] for c in self.columns]
+        if self.names is not None:
+            return fn(**dict(zip(self.names, row)))
+        return fn(*row)
+
+    def call_batched(self, fn: Callable[..., Any]) -> Any:
+        if self.names is not None:
+            return fn(**dict(zip(self.names, self.columns)))
+        return fn(*self.columns)
+
+    def replace(self, columns: Sequence[Tensor]) -> TensorRows:
+        return TensorRows(tuple(columns), self.names)
+
+    def chunk(self, start: int, stop: int) -> None:
+        return None  # the columns already live in shared memory
+
+    def shell(self) -> TensorRows:
+        return self
+
+    def with_chunk(self, start: int, payload: Any) -> TensorRows:
+        return self
+
+    def take(self, start: int, stop: int) -> TensorRows:
+        """Rows ``start:stop`` as tensors that own their memory (cheap to pickle)."""
+        return self.replace([c[start:stop].clone() for c in self.columns])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.numel() * c.element_size() for c in self.columns)
+
+
+@dataclass(frozen=True)
+class SampleRows(Rows):
+    """Rows that are arbitrary Python objects (``fn(sample)``), for collate functions."""
+
+    samples: Sequence[Any]
+    offset: int = 0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def call(self, fn: Callable[..., Any], i: int) -> Any:
+        return fn(self.samples[i - self.offset])
+
+    def chunk(self, start: int, stop: int) -> list[Any]:
+        return list(self.samples[start:stop])
+
+    def shell(self) -> SampleRows:
+        return SampleRows(())
+
+    def with_chunk(self, start: int, payload: Any) -> SampleRows:
+        return SampleRows(payload, start)
+
+    def take(self, start: int, stop: int) -> SampleRows:
+        return SampleRows(self.chunk(start, stop), start)
+
+    nbytes = 0
+
+
+def rows_of(batch: Any) -> TensorRows:
+    """Split a Tensor, a tuple/list of Tensors or a dict of Tensors into rows."""
+    if isinstance(batch, Tensor):
+        cols: tuple[Any, ...] = (batch,)
+        names = None
+    elif isinstance(batch, Mapping):
+        names = tuple(batch)
+        cols = tuple(batch.values())
+    elif isinstance(batch, (tuple, list)):
+        names = None
+        cols = tuple(batch)
+    else:
+        raise TypeError(
+            f"batch must be a Tensor, a tuple/list of Tensors or a dict of Tensors, "
+            f"got {type(batch).__name__}; for a list of arbitrary samples use prep.map_samples")
+    if not cols:
+        raise ValueError("batch has no tensors; pass at least one column")
+    for key, col in zip(names or range(len(cols)), cols):
+        if not isinstance(col, Tensor):
+            raise TypeError(f"batch column {key!r} is a {type(col).__name__}, expected a Tensor")
+        if col.dim() == 0:
+            raise ValueError(f"batch column {key!r} is a 0-d tensor; rows run along dim 0, "
+                             f"so every column needs at least one dimension")
+    sizes = {c.shape[0] for c in cols}
+    if len(sizes) > 1:
+        listed = ", ".join(f"{k}: {c.shape[0]}" for k, c in zip(names or range(len(cols)), cols))
+        raise ValueError(f"batch columns have different numbers of rows ({listed}); "
+                         f"every column needs the same size along dim 0")
+    return TensorRows(cols, names)
+
+
+# ---------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The structure of a row's result: ``tensor``, ``tuple`` or ``dict`` of ``n`` leaves."""
+
+    kind: str
+    keys: tuple[str, ...] = ()
+    n: int = 1
+
+    def unflatten(self, leaves: Sequence[Tensor]) -> Result:
+        if self.kind == "tensor":
+            return leaves[0]
+        if self.kind == "tuple":
+            return tuple(leaves)
+        return dict(zip(self.keys, leaves))
+
+
+def flatten(result: Any, what: str = "the row function") -> tuple[Spec, list[Tensor]]:
+    """Leaves of a Tensor, tuple of Tensors or dict of Tensors, with their structure."""
+    if isinstance(result, Tensor):
+        return Spec("tensor"), [result]
+    if isinstance(result, (tuple, list)) and all(isinstance(r, Tensor) for r in result):
+        return Spec("tuple", n=len(result)), list(result)
+    if isinstance(result, Mapping) and all(isinstance(r, Tensor) for r in result.values()):
+        return Spec("dict", tuple(result), len(result)), list(result.values())
+    raise TypeError(
+        f"{what} returned {_describe(result)}; it must return a Tensor, a tuple of Tensors "
+        f"or a dict of Tensors (wrap numbers with torch.tensor(...))")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(type(v).__name__ for v in value[:4])
+        return f"a {type(value).__name__} of ({inner})"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k!r}: {type(v).__name__}" for k, v in list(value.items())[:4])
+        return f"a dict of {{{inner}}}"
+    return f"a {type(value).__name__} ({value!r:.60})"
+
+
+@dataclass
+class Output:
+    """One buffer per result leaf, ``[rows, *leaf.shape]``, written row by row."""
+
+    spec: Spec
+    buffers: list[Tensor]
+    first_row: int = 0  # the row whose result fixed the shapes, for error messages
+
+    @classmethod
+    def allocate(cls, result: Any, rows: int, *, row: int = 0, pin: bool = False,
+                 shared: bool = False) -> Output:
+        spec, leaves = flatten(result)
+        buffers = []
+        for leaf in leaves:
+            on_cpu = leaf.device.type == "cpu"
+            buf = torch.empty((rows, *leaf.shape), dtype=leaf.dtype, device=leaf.device,
+                              pin_memory=pin and on_cpu)
+            if shared and on_cpu:
+                buf.share_memory_()
+            buffers.append(buf)
+        return cls(spec, buffers, row)
+
+    @classmethod
+    def given(cls, out: Any, rows: int) -> Output:
+        spec, leaves = flatten(out, what="out=")
+        for leaf in leaves:
+            if leaf.dim() == 0 or leaf.shape[0] != rows:
+                raise ValueError(f"out= has a tensor of shape {tuple(leaf.shape)}, but the batch "
+                                 f"has {rows} rows; each output tensor needs {rows} along dim 0")
+        return cls(spec, leaves, -1)
+
+    def like(self, *, pin: bool = False, shared: bool = False) -> Output:
+        """Empty CPU buffers shaped like these (a staging area)."""
+        bufs = []
+        for b in self.buffers:
+            buf = torch.empty(b.shape, dtype=b.dtype, pin_memory=pin)
+            if shared:
+                buf.share_memory_()
+            bufs.append(buf)
+        return Output(self.spec, bufs, self.first_row)
+
+    def write(self, i: int, result: Any) -> None:
+        spec, leaves = flatten(result, what=f"the row function, on row {i},")
+        if spec != self.spec:
+            raise StackError(f"row {i} returned {_spec_text(spec)} but {self._origin()} "
+                             f"{_spec_text(self.spec)}; every row must return the same structure")
+        for key, buf, leaf in zip(spec.keys or range(spec.n), self.buffers, leaves):
+            if leaf.shape != buf.shape[1:] or leaf.dtype != buf.dtype:
+                where = "" if spec.kind == "tensor" else f" (result {key!r})"
+                raise StackError(
+                    f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{where} but "
+                    f"{self._origin()} shape {tuple(buf.shape[1:])} {buf.dtype}; rows must "
+                    f"return equal shapes and dtypes to be stacked (pad or crop them in the "
+                    f"row function)")
+            buf[i].copy_(leaf)
+
+    def _origin(self) -> str:
+        return "out= expects" if self.first_row < 0 else f"row {self.first_row} returned"
+
+    def result(self) -> Result:
+        return self.spec.unflatten(self.buffers)
+
+
+def _spec_text(spec: Spec) -> str:
+    if spec.kind == "tensor":
+        return "a Tensor"
+    if spec.kind == "tuple":
+        return f"a tuple of {spec.n} Tensors"
+    return f"a dict with keys {list(spec.keys)}"

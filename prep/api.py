@@ -1,0 +1,232 @@
+"""``map_rows``, ``map_samples`` and ``Pool``: the public face of the executors.
+
+Data flows one way::
+
+    batch ──rows_of──▶ Rows ──executor.run──▶ Output (CPU, pinned if bound for CUDA)
+                                                  │
+                       out= (given) ◀──copy_──────┤ (only when out= lives elsewhere)
+                       result ◀──.to(device, non_blocking)──┘
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ._rowwise import twin_of
+from ._structure import Output, Result, Rows, SampleRows, TensorRows, rows_of
+from .errors import ConfigError
+from .executors import REGISTRY, Executor, Job, executor_class, resolve_workers
+
+AUTO = "auto"
+
+_warm: dict[tuple[str, int], Executor] = {}
+_warm_lock = threading.Lock()
+_warned_fallback = False
+
+
+def in_worker_process() -> bool:
+    """True inside a DataLoader worker or any daemonic process (which cannot have children)."""
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None or multiprocessing.current_process().daemon
+
+
+def _choose(executor: str, fn: Callable[..., Any], rows: Rows) -> str:
+    """The executor to use for this call (``auto`` and nested-pool fallbacks resolved)."""
+    global _warned_fallback
+    name = executor
+    if name == AUTO:
+        name = "vectorized" if isinstance(rows, TensorRows) and twin_of(fn) else "serial"
+    if name in ("processes", "joblib") and in_worker_process():
+        if not _warned_fallback:
+            _warned_fallback = True
+            warnings.warn(f"executor={name!r} cannot start a process pool inside a DataLoader "
+                          f"worker (daemonic processes may not have children); using "
+                          f"'threads' in this worker instead", RuntimeWarning, stacklevel=4)
+        name = "threads"
+    return name
+
+
+def _check_name(executor: str) -> str:
+    if executor != AUTO:
+        executor_class(executor)
+    return executor
+
+
+def _device(device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device={device!r} is not a torch device ({exc}); "
+                          f"pass e.g. 'cpu', 'cuda' or 'cuda:1'") from None
+
+
+def _warm_executor(name: str, workers: int | None) -> Executor:
+    key = (name, resolve_workers(workers) if REGISTRY[name].per_row else 1)
+    with _warm_lock:
+        ex = _warm.get(key)
+        if ex is None:
+            ex = _warm[key] = REGISTRY[name](workers)
+        return ex
+
+
+def shutdown() -> None:
+    """Close the warm pools that ``map_rows`` keeps between calls (also run at exit)."""
+    with _warm_lock:
+        pools = list(_warm.values())
+        _warm.clear()
+    for ex in pools:
+        ex.close()
+
+
+atexit.register(shutdown)
+
+
+def _batch_device(rows: Rows) -> torch.device:
+    if isinstance(rows, TensorRows):
+        return rows.columns[0].device
+    return torch.device("cpu")
+
+
+def _run(ex: Executor, fn: Callable[..., Any], rows: Rows, *, out: Any,
+         device: torch.device | None, timeout: float | None) -> Result:
+    n = len(rows)
+    given = Output.given(out, n) if out is not None else None
+    if n == 0:
+        if given is not None:
+            return given.result()
+        if ex.name != "vectorized":
+            raise ValueError("the batch has 0 rows, so no row result shows the output's shape; "
+                             "pass out= (a preallocated result with 0 rows), or give the "
+                             "function a batched twin with @prep.rowwise")
+    home = _batch_device(rows)
+    bound_for_cuda = device is not None and device.type == "cuda" and home.type == "cpu"
+    staging = given
+    if given is not None and any(b.device != home for b in given.buffers):
+        staging = given.like(pin=bound_for_cuda) if home.type == "cpu" else None
+        if staging is None:
+            raise ConfigError(f"out= lives on {given.buffers[0].device} but the batch on {home}; "
+                              f"move one of them")
+    job = Job(fn, rows, staging, timeout, pin=bound_for_cuda)
+    result = ex.run(job)
+    if given is not None:
+        if result is not given:
+            for dst, src in zip(given.buffers, result.buffers):
+                dst.copy_(src, non_blocking=src.is_pinned())
+        return given.result()
+    if device is None:
+        return result.result()
+    return result.spec.unflatten([
+        b if b.device == device else b.to(device, non_blocking=b.is_pinned())
+        for b in result.buffers])
+
+
+def map_rows(fn: Callable[..., Any], batch: Any, *, executor: str = AUTO,
+             workers: int | None = None, device: Any = None, out: Any = None,
+             timeout: float | None = None) -> Result:
+    """Run ``fn`` on every row of ``batch`` and stack the results into one output.
+
+    ``batch`` is a Tensor (``fn(row)``), a tuple/list of Tensors with equal dim 0
+    (``fn(*row)``) or a dict of Tensors (``fn(**row)``). ``fn`` returns a
+    Tensor, a tuple or a dict of Tensors; the result has the same structure with
+    a new leading dim of one entry per row, written in place (no list, no
+    ``torch.stack``). ``executor`` is one of ``serial``, ``threads``,
+    ``processes``, ``joblib``, ``vectorized`` or ``auto``; ``auto`` for now picks
+    ``vectorized`` when ``fn`` has a batched twin and ``serial`` otherwise.
+    ``out=`` is filled and returned instead of allocating; ``device=`` is where
+    the result lands (from pinned memory, ``non_blocking``, for CUDA). Pools for
+    ``threads``/``processes``/``joblib`` stay warm between calls; see
+    :func:`shutdown`. Results carry no autograd history; use the batched twin
+    directly for differentiable work.
+
+    >>> import torch, prep
+    >>> prep.map_rows(lambda r: r.flip(0), torch.arange(6).view(2, 3), executor="threads")
+    tensor([[2, 1, 0],
+            [5, 4, 3]])
+    """
+    rows = rows_of(batch)
+    name = _choose(_check_name(executor), fn, rows)
+    return _run(_warm_executor(name, workers), fn, rows, out=out, device=_device(device),
+                timeout=timeout)
+
+
+def map_samples(fn: Callable[[Any], Any], samples: Sequence[Any], *, executor: str = AUTO,
+                workers: int | None = None, device: Any = None, out: Any = None,
+                timeout: float | None = None) -> Result:
+    """Like :func:`map_rows`, over a list of arbitrary samples: ``fn(sample)`` for each."""
+    rows = SampleRows(list(samples))
+    name = _choose(_check_name(executor), fn, rows)
+    return _run(_warm_executor(name, workers), fn, rows, out=out, device=_device(device),
+                timeout=timeout)
+
+
+class Pool:
+    """A warm executor of one kind, reused across batches; close it when done.
+
+    >>> import torch, prep
+    >>> with prep.Pool("threads", workers=2) as pool:
+    ...     pool.map_rows(torch.neg, torch.ones(2, 2)).tolist()
+    [[-1.0, -1.0], [-1.0, -1.0]]
+    """
+
+    def __init__(self, executor: str = AUTO, workers: int | None = None, device: Any = None,
+                 timeout: float | None = None) -> None:
+        self.executor = _check_name(executor)
+        self.workers = resolve_workers(workers)
+        self.device = _device(device)
+        self.timeout = timeout
+        self._executors: dict[str, Executor] = {}
+        self._closed = False
+
+    def _get(self, name: str) -> Executor:
+        if self._closed:
+            raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
+        ex = self._executors.get(name)
+        if ex is None:
+            ex = self._executors[name] = REGISTRY[name](self.workers)
+        return ex
+
+    def map_rows(self, fn: Callable[..., Any], batch: Any, *, out: Any = None) -> Result:
+        """:func:`map_rows` with this pool's executor, workers, device and timeout."""
+        rows = rows_of(batch)
+        ex = self._get(_choose(self.executor, fn, rows))
+        return _run(ex, fn, rows, out=out, device=self.device, timeout=self.timeout)
+
+    def map_samples(self, fn: Callable[[Any], Any], samples: Sequence[Any], *,
+                    out: Any = None) -> Result:
+        """:func:`map_samples` with this pool's executor, workers, device and timeout."""
+        rows = SampleRows(list(samples))
+        ex = self._get(_choose(self.executor, fn, rows))
+        return _run(ex, fn, rows, out=out, device=self.device, timeout=self.timeout)
+
+    def close(self) -> None:
+        """Stop the pool's threads or processes. It is safe to call this several times."""
+        self._closed = True
+        executors, self._executors = self._executors, {}
+        for ex in executors.values():
+            ex.close()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (f"<prep.Pool executor={self.executor!r} workers={self.workers} "
+                f"device={str(self.device) if self.device else None!r} "
+                f"timeout={self.timeout} {state}>")

@@ -1,0 +1,99 @@
+"""Every exception prep raises on purpose, in one tree.
+
+    PrepError
+    ├── ConfigError      a setting that cannot work (bad executor name, workers < 1,
+    │                    not enough /dev/shm, CUDA tensors sent to processes, ...)
+    ├── RowError         the row function raised; ``.row`` is the row's index and
+    │                    ``__cause__`` carries the original exception or traceback
+    ├── StackError       two rows returned results of different shape or dtype
+    ├── WorkerCrashed    a worker process died (signal, OOM killer, segfault)
+    ├── BatchTimeout     the batch did not finish within ``timeout`` seconds
+    └── ShardError       a saved shard could not be read or is not what was expected
+
+Bad arguments that are not about configuration (a wrong shape, a wrong type)
+raise the built-in ``ValueError`` / ``TypeError``, as torch does.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchTimeout",
+    "ConfigError",
+    "PrepError",
+    "RemoteTraceback",
+    "RowError",
+    "ShardError",
+    "StackError",
+    "WorkerCrashed",
+]
+
+
+class PrepError(Exception):
+    """Base class of every error prep raises on purpose."""
+
+
+class ConfigError(PrepError, ValueError):
+    """A setting that cannot work; the message names the value and the fix."""
+
+
+class RowError(PrepError):
+    """The row function raised on row ``row``.
+
+    The original exception (or, from a worker process, its traceback text
+    wrapped in :class:`RemoteTraceback`) is attached as ``__cause__``.
+    """
+
+    def __init__(self, row: int, message: str) -> None:
+        super().__init__(message)
+        self.row = row
+
+    def __reduce__(self):  # keep ``row`` when pickled across processes
+        return (type(self), (self.row, str(self)))
+
+
+class StackError(PrepError, ValueError):
+    """Rows returned results that cannot be written into one output."""
+
+
+class WorkerCrashed(PrepError):
+    """A worker process died while it held rows of the batch.
+
+    The pool that owned it rebuilds itself on the next call.
+    """
+
+    def __init__(self, message: str, *, pid: int | None = None, exitcode: int | None = None,
+                 rows: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.exitcode = exitcode
+        self.rows = rows
+
+    def __reduce__(self):
+        return (_rebuild_crash, (str(self), self.pid, self.exitcode, self.rows))
+
+
+def _rebuild_crash(message, pid, exitcode, rows):
+    return WorkerCrashed(message, pid=pid, exitcode=exitcode, rows=rows)
+
+
+class BatchTimeout(PrepError, TimeoutError):
+    """The batch took longer than its ``timeout``; stuck workers were replaced."""
+
+
+class ShardError(PrepError):
+    """A shard file is truncated, not a dict of tensors, or lacks a column."""
+
+
+class RemoteTraceback(Exception):
+    """The formatted traceback of an exception raised in a worker process.
+
+    Used as ``__cause__`` of :class:`RowError` so the worker's stack shows up
+    in the parent's traceback, the way ``concurrent.futures`` does it.
+    """
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'

@@ -1,0 +1,135 @@
+"""The executor contract: ``run(job) -> Output`` and ``close()``.
+
+A :class:`Job` is one call of ``map_rows``: the row function, the rows, the
+output (given, or allocated by the executor from the first row's result), and
+a deadline. Every executor fills every row of ``job.output`` and returns it,
+or raises one of prep's errors; afterwards it is still usable (a pool that
+lost a worker rebuilds itself on the next call).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .._structure import Output, Rows
+from ..errors import BatchTimeout, ConfigError, RowError
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def resolve_workers(workers: int | None) -> int:
+    if workers is None:
+        return available_cores()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers={workers!r} is not a positive integer; pass workers >= 1, "
+                          f"or None for one per core ({available_cores()} here)")
+    return workers
+
+
+def threads_per_worker(workers: int) -> int:
+    """Intra-op threads each worker may use so that workers x threads <= cores."""
+    return max(1, available_cores() // workers)
+
+
+def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
+    """``start:stop`` cut into at most ``parts`` contiguous ranges of near-equal size."""
+    n = stop - start
+    parts = max(1, min(parts, n))
+    size, extra = divmod(n, parts)
+    ranges, at = [], start
+    for p in range(parts):
+        end = at + size + (p < extra)
+        ranges.append((at, end))
+        at = end
+    return [r for r in ranges if r[0] < r[1]]
+
+
+@dataclass
+class Job:
+    """One batch: run ``fn`` on every row of ``rows`` and write into ``output``."""
+
+    fn: Callable[..., Any]
+    rows: Rows
+    output: Output | None = None
+    timeout: float | None = None
+    pin: bool = False  # allocate the output in pinned memory (a CUDA copy follows)
+
+    def __post_init__(self) -> None:
+        self.started = time.monotonic()
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no timeout)."""
+        if self.timeout is None:
+            return None
+        return self.timeout - (time.monotonic() - self.started)
+
+    def check_deadline(self) -> None:
+        left = self.remaining()
+        if left is not None and left <= 0:
+            raise BatchTimeout(f"the batch of {len(self.rows)} rows did not finish within "
+                               f"timeout={self.timeout} s; raise the timeout or look for a row "
+                               f"that hangs")
+
+    def compute(self, i: int) -> Any:
+        """The row function's result for row ``i``, its exception wrapped as RowError."""
+        try:
+            return self.rows.call(self.fn, i)
+        except Exception as exc:
+            raise RowError(i, f"row {i}: {type(exc).__name__}: {exc}") from exc
+
+    def store(self, i: int, result: Any, *, shared: bool = False) -> None:
+        if self.output is None:
+            self.output = Output.allocate(result, len(self.rows), row=i, pin=self.pin,
+                                          shared=shared)
+        self.output.write(i, result)
+
+    def run_range(self, start: int, stop: int, cancelled: Callable[[], bool] = bool) -> None:
+        """Compute and store rows ``start:stop`` in this thread."""
+        for i in range(start, stop):
+            if cancelled():
+                return
+            self.store(i, self.compute(i))
+
+
+class Executor(ABC):
+    """Runs jobs. Subclasses set ``name`` and implement :meth:`run`."""
+
+    name: ClassVar[str]
+    #: whether it runs the row function once per row (False for ``vectorized``)
+    per_row: ClassVar[bool] = True
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = resolve_workers(workers)
+
+    @abstractmethod
+    def run(self, job: Job) -> Output:
+        """Fill every row of ``job.output`` (allocating it if None) and return it."""
+
+    def close(self) -> None:
+        """Release threads and processes. It is safe to call this several times."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} workers={self.workers}>"
+
+
+def iter_chunks(n: int, workers: int, per_worker: int = 4, first: int = 0
+                ) -> Iterator[tuple[int, int]]:
+    """Ranges over rows ``first:n``, a few per worker so fast workers take up slack."""
+    yield from split(first, n, workers * per_worker)

@@ -1,0 +1,122 @@
+"""The loop a ``processes`` worker runs, in the child process.
+
+It imports only torch and prep, so the forkserver can preload it once and
+fork each worker in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from .._structure import Output, TensorRows, flatten
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+def limit_threads(threads: int) -> None:
+    """Cap torch's intra-op pool and the BLAS/OpenMP pools of this process."""
+    for var in _THREAD_VARS:
+        os.environ[var] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed parent not yet reaped is a zombie: as good as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _watch_parent(pid: int, every: float = 0.5) -> None:
+    """Exit when the main process is gone, even while the row function hangs."""
+    def watch() -> None:
+        while _alive(pid):
+            time.sleep(every)
+        os._exit(1)  # releases this worker's shared memory with its file descriptors
+
+    threading.Thread(target=watch, daemon=True, name="prep-parent-watch").start()
+
+
+def _error(row: int, exc: BaseException, tag: str = "error") -> tuple[Any, ...]:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:
+        blob = None  # the parent rebuilds the error from its name and text
+    return (tag, row, type(exc).__name__, str(exc), tb, blob)
+
+
+def main(conn: Connection, main_pid: int, threads: int) -> None:
+    """Serve batches until the parent says ``close`` or goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    limit_threads(threads)
+    _watch_parent(main_pid)
+    fn: Any = None
+    fn_blob: bytes | None = None
+    shell: Any = None
+    columns: dict[int, torch.Tensor] = {}
+    out: Output | None = None
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        tag = msg[0]
+        if tag == "close":
+            return
+        if tag == "batch":
+            _, blob, shell, keys, new_columns, out = msg
+            columns = {k: columns[k] if k in columns else new_columns[k] for k in keys}
+            if isinstance(shell, TensorRows):
+                shell = shell.replace([columns[k] for k in keys])
+            if blob is not None and blob != fn_blob:
+                try:
+                    fn, fn_blob = pickle.loads(blob), blob
+                except Exception as exc:
+                    fn, fn_blob = None, None
+                    conn.send(_error(-1, exc))
+            continue
+        if tag == "output":
+            out = msg[1]
+            continue
+        # ("run", start, stop, payload, probe)
+        _, start, stop, payload, probe = msg
+        rows = shell.with_chunk(start, payload)
+        reply: tuple[Any, ...] = ("done", start, stop)
+        for i in range(start, stop):
+            try:
+                result = rows.call(fn, i)
+            except Exception as exc:
+                reply = _error(i, exc)
+                break
+            try:
+                if probe:
+                    flatten(result, what=f"the row function, on row {i},")
+                    reply = ("probe", i, result)
+                else:
+                    out.write(i, result)  # type: ignore[union-attr]
+            except Exception as exc:  # a result of the wrong type or shape
+                reply = _error(i, exc, "bad-result")
+                break
+        try:
+            conn.send(reply)
+        except Exception as exc:  # e.g. a result that cannot be pickled
+            conn.send(_error(start, exc, "bad-result"))

@@ -1,0 +1,26 @@
+"""The reference executor: one row after another in the calling thread."""
+
+from __future__ import annotations
+
+from .._structure import Output
+from ._base import Executor, Job
+
+
+class SerialExecutor(Executor):
+    """Every other executor must match this one bit for bit.
+
+    ``timeout`` is checked between rows: a row that never returns cannot be
+    interrupted in the calling thread.
+    """
+
+    name = "serial"
+
+    def __init__(self, workers: int | None = 1) -> None:
+        super().__init__(workers)
+
+    def run(self, job: Job) -> Output:
+        for i in range(len(job.rows)):
+            job.check_deadline()
+            job.store(i, job.compute(i))
+        assert job.output is not None or len(job.rows) == 0
+        return job.output  # type: ignore[return-value]

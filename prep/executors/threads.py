@@ -1,0 +1,109 @@
+"""A persistent pool of daemon threads, each writing its rows in place.
+
+Threads pay off when the row function releases the GIL (most torch ops on
+tensors of a few thousand elements or more); a pure-Python row function runs
+no faster than ``serial``. A row that hangs cannot be killed from outside its
+thread: on ``timeout`` the batch raises :class:`~prep.BatchTimeout`, the stuck
+thread is abandoned (it is a daemon, so it does not block interpreter exit)
+and fresh threads serve the next batch.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from .._structure import Output
+from ..errors import BatchTimeout
+from ._base import Executor, Job, iter_chunks
+
+Task = Callable[[], None]
+
+
+class ThreadExecutor(Executor):
+    name = "threads"
+
+    def __init__(self, workers: int | None = None) -> None:
+        super().__init__(workers)
+        self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            while len(self._threads) < self.workers:
+                t = threading.Thread(target=_serve, args=(self._tasks,), daemon=True,
+                                     name=f"prep-thread-{len(self._threads)}")
+                t.start()
+                self._threads.append(t)
+
+    def run(self, job: Job) -> Output:
+        n = len(job.rows)
+        if n == 0:
+            return job.output  # type: ignore[return-value]
+        first = 0
+        if job.output is None:  # the first row fixes the output's shape
+            job.store(0, job.compute(0))
+            first = 1
+        chunks = list(iter_chunks(n, self.workers, first=first))
+        if not chunks:
+            return job.output  # type: ignore[return-value]
+        self._ensure_started()
+        done: queue.SimpleQueue[tuple[int, BaseException | None]] = queue.SimpleQueue()
+        stop = threading.Event()
+
+        def task(start: int, end: int) -> Task:
+            def run() -> None:
+                try:
+                    job.run_range(start, end, stop.is_set)
+                    done.put((start, None))
+                except BaseException as exc:  # reported to the caller, never lost
+                    stop.set()
+                    done.put((start, exc))
+            return run
+
+        for start, end in chunks:
+            self._tasks.put(task(start, end))
+        errors: list[tuple[int, BaseException]] = []
+        try:
+            for _ in chunks:
+                left = job.remaining()
+                try:
+                    start, exc = done.get(timeout=None if left is None else max(left, 0))
+                except queue.Empty:
+                    self._abandon()
+                    raise BatchTimeout(
+                        f"the batch of {n} rows did not finish within timeout={job.timeout} s; "
+                        f"threads cannot be killed, so the stuck ones were abandoned and new "
+                        f"ones started") from None
+                if exc is not None:
+                    errors.append((start, exc))
+        finally:
+            stop.set()
+        if errors:
+            raise min(errors, key=lambda e: e[0])[1]
+        return job.output  # type: ignore[return-value]
+
+    def _abandon(self) -> None:
+        """Leave the current threads to finish (or hang) on their own; serve from new ones."""
+        old = self._tasks
+        with self._lock:
+            self._tasks = queue.SimpleQueue()
+            self._threads = []
+        for _ in range(self.workers):
+            old.put(None)  # idle old threads exit at once, busy ones after their row
+
+    def close(self) -> None:
+        with self._lock:
+            threads, self._threads = self._threads, []
+            for _ in threads:
+                self._tasks.put(None)
+        for t in threads:
+            t.join(timeout=5)
+
+
+def _serve(tasks: queue.SimpleQueue[Task | None]) -> None:
+    while (task := tasks.get()) is not None:
+        task()
