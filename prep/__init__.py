@@ -1,9 +1,9 @@
 """prep: map a per-row function over a batch of tensors with the executor that wins.
 
-    >>> import torch, prep
-    >>> out = prep.map_rows(lambda row: row * 2, torch.ones(4, 3), executor="threads")
-    >>> out.shape
-    torch.Size([4, 3])
+>>> import torch, prep
+>>> out = prep.map_rows(lambda row: row * 2, torch.ones(4, 3), executor="threads")
+>>> out.shape
+torch.Size([4, 3])
 """
 
 from __future__ import annotations

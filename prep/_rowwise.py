@@ -38,8 +38,9 @@ class BoundTwin:
         return self.twin.batched(*self.args, *columns, **self.kwargs, **named)
 
 
-def rowwise(*, batched: Callable[..., Any], rename: Mapping[str, str] | None = None
-            ) -> Callable[[F], F]:
+def rowwise(
+    *, batched: Callable[..., Any], rename: Mapping[str, str] | None = None
+) -> Callable[[F], F]:
     """Mark a row function as having a batched twin.
 
     ``executor="vectorized"`` then calls ``batched(*columns, **kwargs)`` once

@@ -8,6 +8,7 @@ the row function on row ``i``. Results are flattened into *leaves* (tensors) by
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,15 +51,24 @@ class TensorRows(Rows):
 
     columns: tuple[Tensor, ...]
     names: tuple[str, ...] | None = None
+    offset: int = 0  # the batch index of this object's first row
 
     def __len__(self) -> int:
         return self.columns[0].shape[0]
 
     def call(self, fn: Callable[..., Any], i: int) -> Any:
-        row = [c[i] for c in self.columns]
+        row = [c[i - self.offset] for c in self._unbound]
         if self.names is not None:
             return fn(**dict(zip(self.names, row)))
         return fn(*row)
+
+    @functools.cached_property
+    def _unbound(self) -> list[tuple[Tensor, ...]]:
+        # one C++ call makes every row view; indexing a tensor per row costs 3x more
+        return [c.unbind(0) for c in self.columns]
+
+    def __reduce__(self) -> tuple[Any, ...]:  # never pickle the cached row views
+        return (TensorRows, (self.columns, self.names, self.offset))
 
     def call_batched(self, fn: Callable[..., Any]) -> Any:
         if self.names is not None:
@@ -79,7 +89,7 @@ class TensorRows(Rows):
 
     def take(self, start: int, stop: int) -> TensorRows:
         """Rows ``start:stop`` as tensors that own their memory (cheap to pickle)."""
-        return self.replace([c[start:stop].clone() for c in self.columns])
+        return TensorRows(tuple(c[start:stop].clone() for c in self.columns), self.names, start)
 
     @property
     def nbytes(self) -> int:
@@ -128,20 +138,28 @@ def rows_of(batch: Any) -> TensorRows:
     else:
         raise TypeError(
             f"batch must be a Tensor, a tuple/list of Tensors or a dict of Tensors, "
-            f"got {type(batch).__name__}; for a list of arbitrary samples use prep.map_samples")
+            f"got {type(batch).__name__}; for a list of arbitrary samples use prep.map_samples"
+        )
     if not cols:
         raise ValueError("batch has no tensors; pass at least one column")
     for key, col in zip(names or range(len(cols)), cols):
         if not isinstance(col, Tensor):
-            raise TypeError(f"batch column {key!r} is a {type(col).__name__}, expected a Tensor")
+            raise TypeError(
+                f"batch column {key!r} is a {type(col).__name__}, expected a Tensor; "
+                f"for a list of arbitrary samples use prep.map_samples"
+            )
         if col.dim() == 0:
-            raise ValueError(f"batch column {key!r} is a 0-d tensor; rows run along dim 0, "
-                             f"so every column needs at least one dimension")
+            raise ValueError(
+                f"batch column {key!r} is a 0-d tensor; rows run along dim 0, "
+                f"so every column needs at least one dimension"
+            )
     sizes = {c.shape[0] for c in cols}
     if len(sizes) > 1:
         listed = ", ".join(f"{k}: {c.shape[0]}" for k, c in zip(names or range(len(cols)), cols))
-        raise ValueError(f"batch columns have different numbers of rows ({listed}); "
-                         f"every column needs the same size along dim 0")
+        raise ValueError(
+            f"batch columns have different numbers of rows ({listed}); "
+            f"every column needs the same size along dim 0"
+        )
     return TensorRows(cols, names)
 
 
@@ -174,7 +192,8 @@ def flatten(result: Any, what: str = "the row function") -> tuple[Spec, list[Ten
         return Spec("dict", tuple(result), len(result)), list(result.values())
     raise TypeError(
         f"{what} returned {_describe(result)}; it must return a Tensor, a tuple of Tensors "
-        f"or a dict of Tensors (wrap numbers with torch.tensor(...))")
+        f"or a dict of Tensors (wrap numbers with torch.tensor(...))"
+    )
 
 
 def _describe(value: Any) -> str:
@@ -194,28 +213,40 @@ class Output:
     spec: Spec
     buffers: list[Tensor]
     first_row: int = 0  # the row whose result fixed the shapes, for error messages
+    offset: int = 0  # the batch index of buffer row 0 (a worker's chunk)
 
     @classmethod
-    def allocate(cls, result: Any, rows: int, *, row: int = 0, pin: bool = False,
-                 shared: bool = False) -> Output:
+    def allocate(
+        cls,
+        result: Any,
+        rows: int,
+        *,
+        row: int = 0,
+        pin: bool = False,
+        shared: bool = False,
+        offset: int = 0,
+    ) -> Output:
         spec, leaves = flatten(result)
         buffers = []
         for leaf in leaves:
             on_cpu = leaf.device.type == "cpu"
-            buf = torch.empty((rows, *leaf.shape), dtype=leaf.dtype, device=leaf.device,
-                              pin_memory=pin and on_cpu)
+            buf = torch.empty(
+                (rows, *leaf.shape), dtype=leaf.dtype, device=leaf.device, pin_memory=pin and on_cpu
+            )
             if shared and on_cpu:
                 buf.share_memory_()
             buffers.append(buf)
-        return cls(spec, buffers, row)
+        return cls(spec, buffers, row, offset)
 
     @classmethod
     def given(cls, out: Any, rows: int) -> Output:
         spec, leaves = flatten(out, what="out=")
         for leaf in leaves:
             if leaf.dim() == 0 or leaf.shape[0] != rows:
-                raise ValueError(f"out= has a tensor of shape {tuple(leaf.shape)}, but the batch "
-                                 f"has {rows} rows; each output tensor needs {rows} along dim 0")
+                raise ValueError(
+                    f"out= has a tensor of shape {tuple(leaf.shape)}, but the batch "
+                    f"has {rows} rows; each output tensor needs {rows} along dim 0"
+                )
         return cls(spec, leaves, -1)
 
     def like(self, *, pin: bool = False, shared: bool = False) -> Output:
@@ -228,20 +259,43 @@ class Output:
             bufs.append(buf)
         return Output(self.spec, bufs, self.first_row)
 
+    @functools.cached_property
+    def _rows(self) -> list[tuple[Tensor, ...]]:
+        return [b.unbind(0) for b in self.buffers]
+
+    @functools.cached_property
+    def _layout(self) -> list[tuple[torch.Size, torch.dtype]]:
+        return [(b.shape[1:], b.dtype) for b in self.buffers]
+
+    def __getstate__(self) -> dict[str, Any]:  # never pickle the cached row views
+        return {k: v for k, v in self.__dict__.items() if k not in ("_rows", "_layout")}
+
     def write(self, i: int, result: Any) -> None:
+        if (
+            isinstance(result, Tensor)
+            and self.spec.kind == "tensor"
+            and (result.shape, result.dtype) == self._layout[0]
+        ):
+            self._rows[0][i - self.offset].copy_(result)  # the common case, kept short
+            return
         spec, leaves = flatten(result, what=f"the row function, on row {i},")
         if spec != self.spec:
-            raise StackError(f"row {i} returned {_spec_text(spec)} but {self._origin()} "
-                             f"{_spec_text(self.spec)}; every row must return the same structure")
-        for key, buf, leaf in zip(spec.keys or range(spec.n), self.buffers, leaves):
+            raise StackError(
+                f"row {i} returned {_spec_text(spec)} but {self._origin()} "
+                f"{_spec_text(self.spec)}; every row must return the same structure"
+            )
+        for key, buf, rows, leaf in zip(
+            spec.keys or range(spec.n), self.buffers, self._rows, leaves
+        ):
             if leaf.shape != buf.shape[1:] or leaf.dtype != buf.dtype:
                 where = "" if spec.kind == "tensor" else f" (result {key!r})"
                 raise StackError(
                     f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{where} but "
                     f"{self._origin()} shape {tuple(buf.shape[1:])} {buf.dtype}; rows must "
                     f"return equal shapes and dtypes to be stacked (pad or crop them in the "
-                    f"row function)")
-            buf[i].copy_(leaf)
+                    f"row function)"
+                )
+            rows[i - self.offset].copy_(leaf)
 
     def _origin(self) -> str:
         return "out= expects" if self.first_row < 0 else f"row {self.first_row} returned"

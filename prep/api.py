@@ -47,9 +47,13 @@ def _choose(executor: str, fn: Callable[..., Any], rows: Rows) -> str:
     if name in ("processes", "joblib") and in_worker_process():
         if not _warned_fallback:
             _warned_fallback = True
-            warnings.warn(f"executor={name!r} cannot start a process pool inside a DataLoader "
-                          f"worker (daemonic processes may not have children); using "
-                          f"'threads' in this worker instead", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"executor={name!r} cannot start a process pool inside a DataLoader "
+                f"worker (daemonic processes may not have children); using "
+                f"'threads' in this worker instead",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         name = "threads"
     return name
 
@@ -66,8 +70,9 @@ def _device(device: Any) -> torch.device | None:
     try:
         return torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ConfigError(f"device={device!r} is not a torch device ({exc}); "
-                          f"pass e.g. 'cpu', 'cuda' or 'cuda:1'") from None
+        raise ConfigError(
+            f"device={device!r} is not a torch device ({exc}); pass e.g. 'cpu', 'cuda' or 'cuda:1'"
+        ) from None
 
 
 def _warm_executor(name: str, workers: int | None) -> Executor:
@@ -97,25 +102,35 @@ def _batch_device(rows: Rows) -> torch.device:
     return torch.device("cpu")
 
 
-def _run(ex: Executor, fn: Callable[..., Any], rows: Rows, *, out: Any,
-         device: torch.device | None, timeout: float | None) -> Result:
+def _run(
+    ex: Executor,
+    fn: Callable[..., Any],
+    rows: Rows,
+    *,
+    out: Any,
+    device: torch.device | None,
+    timeout: float | None,
+) -> Result:
     n = len(rows)
     given = Output.given(out, n) if out is not None else None
     if n == 0:
         if given is not None:
             return given.result()
         if ex.name != "vectorized":
-            raise ValueError("the batch has 0 rows, so no row result shows the output's shape; "
-                             "pass out= (a preallocated result with 0 rows), or give the "
-                             "function a batched twin with @prep.rowwise")
+            raise ValueError(
+                "the batch has 0 rows, so no row result shows the output's shape; "
+                "pass out= (a preallocated result with 0 rows), or give the "
+                "function a batched twin with @prep.rowwise"
+            )
     home = _batch_device(rows)
     bound_for_cuda = device is not None and device.type == "cuda" and home.type == "cpu"
     staging = given
     if given is not None and any(b.device != home for b in given.buffers):
         staging = given.like(pin=bound_for_cuda) if home.type == "cpu" else None
         if staging is None:
-            raise ConfigError(f"out= lives on {given.buffers[0].device} but the batch on {home}; "
-                              f"move one of them")
+            raise ConfigError(
+                f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
+            )
     job = Job(fn, rows, staging, timeout, pin=bound_for_cuda)
     result = ex.run(job)
     if given is not None:
@@ -125,14 +140,24 @@ def _run(ex: Executor, fn: Callable[..., Any], rows: Rows, *, out: Any,
         return given.result()
     if device is None:
         return result.result()
-    return result.spec.unflatten([
-        b if b.device == device else b.to(device, non_blocking=b.is_pinned())
-        for b in result.buffers])
+    return result.spec.unflatten(
+        [
+            b if b.device == device else b.to(device, non_blocking=b.is_pinned())
+            for b in result.buffers
+        ]
+    )
 
 
-def map_rows(fn: Callable[..., Any], batch: Any, *, executor: str = AUTO,
-             workers: int | None = None, device: Any = None, out: Any = None,
-             timeout: float | None = None) -> Result:
+def map_rows(
+    fn: Callable[..., Any],
+    batch: Any,
+    *,
+    executor: str = AUTO,
+    workers: int | None = None,
+    device: Any = None,
+    out: Any = None,
+    timeout: float | None = None,
+) -> Result:
     """Run ``fn`` on every row of ``batch`` and stack the results into one output.
 
     ``batch`` is a Tensor (``fn(row)``), a tuple/list of Tensors with equal dim 0
@@ -155,18 +180,27 @@ def map_rows(fn: Callable[..., Any], batch: Any, *, executor: str = AUTO,
     """
     rows = rows_of(batch)
     name = _choose(_check_name(executor), fn, rows)
-    return _run(_warm_executor(name, workers), fn, rows, out=out, device=_device(device),
-                timeout=timeout)
+    return _run(
+        _warm_executor(name, workers), fn, rows, out=out, device=_device(device), timeout=timeout
+    )
 
 
-def map_samples(fn: Callable[[Any], Any], samples: Sequence[Any], *, executor: str = AUTO,
-                workers: int | None = None, device: Any = None, out: Any = None,
-                timeout: float | None = None) -> Result:
+def map_samples(
+    fn: Callable[[Any], Any],
+    samples: Sequence[Any],
+    *,
+    executor: str = AUTO,
+    workers: int | None = None,
+    device: Any = None,
+    out: Any = None,
+    timeout: float | None = None,
+) -> Result:
     """Like :func:`map_rows`, over a list of arbitrary samples: ``fn(sample)`` for each."""
     rows = SampleRows(list(samples))
     name = _choose(_check_name(executor), fn, rows)
-    return _run(_warm_executor(name, workers), fn, rows, out=out, device=_device(device),
-                timeout=timeout)
+    return _run(
+        _warm_executor(name, workers), fn, rows, out=out, device=_device(device), timeout=timeout
+    )
 
 
 class Pool:
@@ -178,8 +212,13 @@ class Pool:
     [[-1.0, -1.0], [-1.0, -1.0]]
     """
 
-    def __init__(self, executor: str = AUTO, workers: int | None = None, device: Any = None,
-                 timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        executor: str = AUTO,
+        workers: int | None = None,
+        device: Any = None,
+        timeout: float | None = None,
+    ) -> None:
         self.executor = _check_name(executor)
         self.workers = resolve_workers(workers)
         self.device = _device(device)
@@ -201,8 +240,9 @@ class Pool:
         ex = self._get(_choose(self.executor, fn, rows))
         return _run(ex, fn, rows, out=out, device=self.device, timeout=self.timeout)
 
-    def map_samples(self, fn: Callable[[Any], Any], samples: Sequence[Any], *,
-                    out: Any = None) -> Result:
+    def map_samples(
+        self, fn: Callable[[Any], Any], samples: Sequence[Any], *, out: Any = None
+    ) -> Result:
         """:func:`map_samples` with this pool's executor, workers, device and timeout."""
         rows = SampleRows(list(samples))
         ex = self._get(_choose(self.executor, fn, rows))
@@ -227,6 +267,8 @@ class Pool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return (f"<prep.Pool executor={self.executor!r} workers={self.workers} "
-                f"device={str(self.device) if self.device else None!r} "
-                f"timeout={self.timeout} {state}>")
+        return (
+            f"<prep.Pool executor={self.executor!r} workers={self.workers} "
+            f"device={str(self.device) if self.device else None!r} "
+            f"timeout={self.timeout} {state}>"
+        )

@@ -61,8 +61,14 @@ class WorkerCrashed(PrepError):
     The pool that owned it rebuilds itself on the next call.
     """
 
-    def __init__(self, message: str, *, pid: int | None = None, exitcode: int | None = None,
-                 rows: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        pid: int | None = None,
+        exitcode: int | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__(message)
         self.pid = pid
         self.exitcode = exitcode

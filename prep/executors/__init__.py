@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from ._base import Executor, Job, available_cores, resolve_workers, threads_per_worker
-#from .joblib_loky import JoblibExecutor
-#from .processes import ProcessExecutor
+from .joblib_loky import JoblibExecutor
+from .processes import ProcessExecutor
 from .serial import SerialExecutor
 from .threads import ThreadExecutor
 from .vectorized import VectorizedExecutor
 
 REGISTRY: dict[str, type[Executor]] = {
     cls.name: cls
-    for cls in (SerialExecutor, ThreadExecutor,
-                VectorizedExecutor)
+    for cls in (SerialExecutor, ThreadExecutor, ProcessExecutor, JoblibExecutor, VectorizedExecutor)
 }
 
 

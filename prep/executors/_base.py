@@ -32,8 +32,10 @@ def resolve_workers(workers: int | None) -> int:
     if workers is None:
         return available_cores()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers={workers!r} is not a positive integer; pass workers >= 1, "
-                          f"or None for one per core ({available_cores()} here)")
+        raise ConfigError(
+            f"workers={workers!r} is not a positive integer; pass workers >= 1, "
+            f"or None for one per core ({available_cores()} here)"
+        )
     return workers
 
 
@@ -77,9 +79,11 @@ class Job:
     def check_deadline(self) -> None:
         left = self.remaining()
         if left is not None and left <= 0:
-            raise BatchTimeout(f"the batch of {len(self.rows)} rows did not finish within "
-                               f"timeout={self.timeout} s; raise the timeout or look for a row "
-                               f"that hangs")
+            raise BatchTimeout(
+                f"the batch of {len(self.rows)} rows did not finish within "
+                f"timeout={self.timeout} s; raise the timeout or look for a row "
+                f"that hangs"
+            )
 
     def compute(self, i: int) -> Any:
         """The row function's result for row ``i``, its exception wrapped as RowError."""
@@ -90,8 +94,9 @@ class Job:
 
     def store(self, i: int, result: Any, *, shared: bool = False) -> None:
         if self.output is None:
-            self.output = Output.allocate(result, len(self.rows), row=i, pin=self.pin,
-                                          shared=shared)
+            self.output = Output.allocate(
+                result, len(self.rows), row=i, pin=self.pin, shared=shared
+            )
         self.output.write(i, result)
 
     def run_range(self, start: int, stop: int, cancelled: Callable[[], bool] = bool) -> None:
@@ -116,7 +121,7 @@ class Executor(ABC):
     def run(self, job: Job) -> Output:
         """Fill every row of ``job.output`` (allocating it if None) and return it."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (executors without resources need not close)
         """Release threads and processes. It is safe to call this several times."""
 
     def __enter__(self) -> Executor:
@@ -129,7 +134,8 @@ class Executor(ABC):
         return f"<{type(self).__name__} {self.name!r} workers={self.workers}>"
 
 
-def iter_chunks(n: int, workers: int, per_worker: int = 4, first: int = 0
-                ) -> Iterator[tuple[int, int]]:
+def iter_chunks(
+    n: int, workers: int, per_worker: int = 4, first: int = 0
+) -> Iterator[tuple[int, int]]:
     """Ranges over rows ``first:n``, a few per worker so fast workers take up slack."""
     yield from split(first, n, workers * per_worker)

@@ -17,10 +17,16 @@ from typing import Any
 
 import torch
 
-from .._structure import Output, TensorRows, flatten
+from .._structure import Output, Rows, TensorRows, flatten
+from ..errors import RemoteTraceback
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
 
 
 def limit_threads(threads: int) -> None:
@@ -46,6 +52,7 @@ def _alive(pid: int) -> bool:
 
 def _watch_parent(pid: int, every: float = 0.5) -> None:
     """Exit when the main process is gone, even while the row function hangs."""
+
     def watch() -> None:
         while _alive(pid):
             time.sleep(every)
@@ -62,6 +69,35 @@ def _error(row: int, exc: BaseException, tag: str = "error") -> tuple[Any, ...]:
     except Exception:
         blob = None  # the parent rebuilds the error from its name and text
     return (tag, row, type(exc).__name__, str(exc), tb, blob)
+
+
+def rebuild(blob: bytes | None, name: str, text: str, tb: str) -> BaseException:
+    """The worker's exception in the parent, its traceback text as ``__cause__``."""
+    exc: BaseException
+    try:
+        exc = pickle.loads(blob) if blob is not None else RuntimeError(f"{name}: {text}")
+    except Exception:
+        exc = RuntimeError(f"{name}: {text}")
+    exc.__cause__ = RemoteTraceback(tb)
+    return exc
+
+
+def run_chunk(fn: Any, rows: Rows, start: int, stop: int) -> tuple[Any, ...]:
+    """Rows ``start:stop`` into a chunk-sized output, returned whole (the joblib path)."""
+    out: Output | None = None
+    for i in range(start, stop):
+        try:
+            result = rows.call(fn, i)
+        except Exception as exc:
+            return _error(i, exc)
+        try:
+            if out is None:
+                out = Output.allocate(result, stop - start, row=i, offset=start)
+            out.write(i, result)
+        except Exception as exc:
+            return _error(i, exc, "bad-result")
+    assert out is not None
+    return ("done", start, out.spec, out.buffers)
 
 
 def main(conn: Connection, main_pid: int, threads: int) -> None:

@@ -34,8 +34,12 @@ class ThreadExecutor(Executor):
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive()]
             while len(self._threads) < self.workers:
-                t = threading.Thread(target=_serve, args=(self._tasks,), daemon=True,
-                                     name=f"prep-thread-{len(self._threads)}")
+                t = threading.Thread(
+                    target=_serve,
+                    args=(self._tasks,),
+                    daemon=True,
+                    name=f"prep-thread-{len(self._threads)}",
+                )
                 t.start()
                 self._threads.append(t)
 
@@ -62,6 +66,7 @@ class ThreadExecutor(Executor):
                 except BaseException as exc:  # reported to the caller, never lost
                     stop.set()
                     done.put((start, exc))
+
             return run
 
         for start, end in chunks:
@@ -77,7 +82,8 @@ class ThreadExecutor(Executor):
                     raise BatchTimeout(
                         f"the batch of {n} rows did not finish within timeout={job.timeout} s; "
                         f"threads cannot be killed, so the stuck ones were abandoned and new "
-                        f"ones started") from None
+                        f"ones started"
+                    ) from None
                 if exc is not None:
                     errors.append((start, exc))
         finally:

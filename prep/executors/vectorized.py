@@ -22,19 +22,24 @@ class VectorizedExecutor(Executor):
         if twin is None:
             raise ConfigError(
                 f"executor='vectorized' needs a batched twin, and {_name(job.fn)} has none; "
-                f"mark it with @prep.rowwise(batched=...) or pick another executor")
+                f"mark it with @prep.rowwise(batched=...) or pick another executor"
+            )
         if not isinstance(job.rows, TensorRows):
-            raise ConfigError("executor='vectorized' works on a batch of tensors, not on a list "
-                              "of samples; use map_rows, or another executor")
+            raise ConfigError(
+                "executor='vectorized' works on a batch of tensors, not on a list "
+                "of samples; use map_rows, or another executor"
+            )
         # one call, so its exception (and traceback) reaches the caller as it is
         result = job.rows.call_batched(twin)
         spec, leaves = flatten(result, what=f"the batched twin {_name(twin.twin.batched)}")
         n = len(job.rows)
         for leaf in leaves:
             if leaf.dim() == 0 or leaf.shape[0] != n:
-                raise ConfigError(f"the batched twin {_name(twin.twin.batched)} returned shape "
-                                  f"{tuple(leaf.shape)} for a batch of {n} rows; it must keep "
-                                  f"the rows along dim 0")
+                raise ConfigError(
+                    f"the batched twin {_name(twin.twin.batched)} returned shape "
+                    f"{tuple(leaf.shape)} for a batch of {n} rows; it must keep "
+                    f"the rows along dim 0"
+                )
         if job.output is None:
             return Output(spec, leaves)
         # out= was given: copy into it, checking each row's shape like the others do

@@ -1,0 +1,343 @@
+"""Persistent worker processes that write rows straight into shared memory.
+
+    parent                                           worker k (forked by the forkserver)
+    ──────                                           ──────────────────────────────────
+    batch columns ─copy once─▶ shared arena ┐
+    output buffers (shared) ────────────────┼─"batch" (fds, once)──▶ maps the same pages
+    pickled fn (once per change) ───────────┘
+    row ranges (a few per worker) ───────── "run" (start, stop) ──▶ fn(row i) ─▶ out[i].copy_()
+    wait(conns + process sentinels, deadline) ◀── "done" / "error" ──┘
+
+Only indices and short messages cross the pipes; the tensors are shared by
+file descriptor (torch's ``file_descriptor`` strategy: the /dev/shm entry is
+unlinked at once, so a crash cannot leak it). Input buffers are reused across
+batches of the same shapes, so a warm pool does not even re-send them.
+
+Failures become errors, never hangs: a dead worker is seen through its
+sentinel (:class:`~prep.WorkerCrashed`), a deadline through ``wait``'s timeout
+(:class:`~prep.BatchTimeout`), Ctrl-C in the parent (workers ignore SIGINT).
+After any of these the pool kills its workers and starts fresh ones on the next
+call; a row that raises only costs the batch (:class:`~prep.RowError`).
+Workers are forked from a forkserver that preloads torch, so they start in
+milliseconds and never inherit a CUDA context; each exits by itself when the
+parent disappears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+from collections import deque
+from multiprocessing import connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+
+from .._structure import Output, SampleRows, TensorRows, flatten
+from ..errors import BatchTimeout, ConfigError, RemoteTraceback, RowError, WorkerCrashed
+from . import _worker
+from ._base import Executor, Job, iter_chunks, threads_per_worker
+
+START_METHOD = os.environ.get("PREP_START_METHOD", "forkserver")
+SHM_DIR = "/dev/shm"
+
+
+def context() -> Any:
+    """The multiprocessing context workers start from (never fork after CUDA)."""
+    if START_METHOD not in ("forkserver", "spawn", "fork"):
+        raise ConfigError(
+            f"PREP_START_METHOD={START_METHOD!r} is not one of 'forkserver', 'spawn', 'fork'"
+        )
+    if START_METHOD == "fork" and torch.cuda.is_initialized():
+        raise ConfigError(
+            "PREP_START_METHOD='fork' after CUDA was initialized would corrupt "
+            "the workers' CUDA state; use 'forkserver' (the default) or 'spawn'"
+        )
+    ctx = tmp.get_context(START_METHOD)
+    if START_METHOD == "forkserver":
+        ctx.set_forkserver_preload(["__main__", "torch", _worker.__name__])
+    return ctx
+
+
+def shm_free() -> int | None:
+    """Bytes free in /dev/shm, or None where there is no such folder."""
+    try:
+        return shutil.disk_usage(SHM_DIR).free
+    except OSError:
+        return None
+
+
+def _check_shm(nbytes: int, what: str) -> None:
+    free = shm_free()
+    # keep a margin: other processes (and torch's own allocator) share /dev/shm
+    if free is not None and nbytes > 0.9 * free:
+        raise ConfigError(
+            f"executor='processes' needs {nbytes / 2**20:.1f} MiB of shared memory for {what}, "
+            f"but {SHM_DIR} has {free / 2**20:.1f} MiB free; use executor='threads', smaller "
+            f"batches, or a larger /dev/shm (docker run --shm-size=...)"
+        )
+
+
+class _Worker:
+    def __init__(self, ctx: Any, threads: int) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_worker.main, args=(child, os.getpid(), threads), daemon=True, name="prep-worker"
+        )
+        self.proc.start()
+        child.close()
+        self.fn_blob: bytes | None = None
+        self.keys: set[int] = set()
+        self.held: tuple[int, int] | None = None  # the row range it is working on
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Terminate (SIGTERM, then SIGKILL) and reap; no orphans, no zombies."""
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(grace)
+            if self.proc.is_alive():
+                self.proc.kill()
+        self.proc.join(5)
+        self.conn.close()
+
+
+class ProcessExecutor(Executor):
+    name = "processes"
+
+    def __init__(self, workers: int | None = None) -> None:
+        super().__init__(workers)
+        self._workers: list[_Worker] = []
+        self._arena: list[tuple[int, torch.Tensor]] = []  # (key, shared column buffer)
+        self._keys = itertools.count()
+
+    # -------------------------------------------------------------- lifecycle
+
+    def _ensure_started(self) -> None:
+        if len(self._workers) < self.workers:
+            ctx = context()
+            threads = threads_per_worker(self.workers)
+            while len(self._workers) < self.workers:
+                self._workers.append(_Worker(ctx, threads))
+
+    def _reset(self) -> None:
+        """Kill every worker; the next call starts fresh ones."""
+        workers, self._workers = self._workers, []
+        self._arena = []
+        for w in workers:
+            w.stop()
+
+    def close(self) -> None:
+        workers, self._workers = self._workers, []
+        self._arena = []
+        for w in workers:
+            with contextlib.suppress(OSError):
+                w.conn.send(("close",))
+        for w in workers:
+            w.proc.join(2)
+            w.stop()
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (empty until the first batch)."""
+        return [w.proc.pid for w in self._workers if w.proc.pid is not None]
+
+    # -------------------------------------------------------------- one batch
+
+    def run(self, job: Job) -> Output:
+        n = len(job.rows)
+        if n == 0:
+            return job.output  # type: ignore[return-value]
+        blob = self._pickle_fn(job.fn)
+        shell, keys, columns = self._share_columns(job.rows)
+        given = job.output
+        if given is not None and not all(
+            b.is_shared() and b.is_contiguous() for b in given.buffers
+        ):
+            _check_shm(sum(b.numel() * b.element_size() for b in given.buffers), "the output")
+            job.output = given.like(shared=True)  # staging; copied into out= at the end
+        self._ensure_started()
+        try:
+            self._dispatch(job, blob, shell, keys, columns)
+        except BaseException as exc:
+            # crashed, timed out or interrupted with rows in flight: the workers' state is
+            # unknown, so start afresh. A row error waited for the others: keep the pool.
+            if isinstance(exc, (WorkerCrashed, BatchTimeout)) or any(w.held for w in self._workers):
+                self._reset()
+            raise
+        if given is not None and job.output is not given:
+            for dst, src in zip(given.buffers, job.output.buffers):
+                dst.copy_(src)
+            job.output = given
+        return job.output  # type: ignore[return-value]
+
+    def _pickle_fn(self, fn: Any) -> bytes:
+        try:
+            return bytes(ForkingPickler.dumps(fn))
+        except Exception as exc:
+            raise ConfigError(
+                f"executor='processes' must send the row function {fn!r} to its workers, "
+                f"and it cannot be pickled ({type(exc).__name__}: {exc}); define it at module "
+                f"level (not a lambda, a nested function or a bound method of an unpicklable "
+                f"object), or use executor='threads' or 'joblib'"
+            ) from exc
+
+    def _share_columns(self, rows: Any) -> tuple[Any, list[int], dict[int, torch.Tensor]]:
+        """Put the batch's columns in shared memory, reusing last batch's buffers."""
+        if isinstance(rows, SampleRows):
+            return rows.shell(), [], {}
+        assert isinstance(rows, TensorRows)
+        for c in rows.columns:
+            if c.device.type != "cpu":
+                raise ConfigError(
+                    f"executor='processes' got a tensor on {c.device}; workers never touch "
+                    f"CUDA, so pass CPU tensors (and device= for the result), or use "
+                    f"executor='threads' or 'vectorized' for a batch already on the GPU"
+                )
+        needed = sum(c.numel() * c.element_size() for c in rows.columns if not c.is_shared())
+        _check_shm(needed, "the batch")
+        arena, keys, columns = [], [], {}
+        for j, c in enumerate(rows.columns):
+            if c.is_shared() and c.is_contiguous() and c.storage_offset() == 0:
+                key, buf = next(self._keys), c  # already shared (e.g. from a DataLoader)
+            elif j < len(self._arena) and _same_layout(self._arena[j][1], c):
+                key, buf = self._arena[j]
+                buf.copy_(c)
+            else:
+                key, buf = next(self._keys), torch.empty(c.shape, dtype=c.dtype).share_memory_()
+                buf.copy_(c)
+            arena.append((key, buf))
+            keys.append(key)
+            columns[key] = buf
+        self._arena = arena
+        return TensorRows((), rows.names), keys, columns
+
+    def _dispatch(
+        self, job: Job, blob: bytes, shell: Any, keys: list[int], columns: dict[int, torch.Tensor]
+    ) -> None:
+        n = len(job.rows)
+        for w in self._workers:
+            w.held = None
+            new = {k: columns[k] for k in keys if k not in w.keys}
+            w.conn.send(
+                ("batch", None if blob == w.fn_blob else blob, shell, keys, new, job.output)
+            )
+            w.fn_blob, w.keys = blob, set(keys)
+        pending: deque[tuple[int, int]] = deque()
+        if job.output is None:  # a worker runs row 0 first; its result fixes the output
+            self._send(self._workers[0], job, 0, 1, probe=True)
+            self._collect(job, stop_on_error=True)
+            for w in self._workers:
+                w.conn.send(("output", job.output))
+            pending.extend(iter_chunks(n, self.workers, first=1))
+        else:
+            pending.extend(iter_chunks(n, self.workers))
+        errors: list[BaseException] = []
+        while True:
+            for w in self._workers:
+                if pending and w.held is None and not errors:
+                    self._send(w, job, *pending.popleft())
+            if not any(w.held for w in self._workers):
+                break  # all done, or stopped after an error with nothing left in flight
+            errors.extend(self._collect(job))
+        if errors:
+            raise min(errors, key=lambda e: getattr(e, "row", n))
+
+    def _send(self, w: _Worker, job: Job, start: int, stop: int, probe: bool = False) -> None:
+        w.held = (start, stop)
+        w.conn.send(("run", start, stop, job.rows.chunk(start, stop), probe))
+
+    def _collect(self, job: Job, stop_on_error: bool = False) -> list[BaseException]:
+        """Wait for the next replies; returns row errors, raises on crash or timeout."""
+        busy = [w for w in self._workers if w.held]
+        by_conn = {w.conn: w for w in busy}
+        by_sentinel = {w.proc.sentinel: w for w in self._workers}
+        left = job.remaining()
+        ready = connection.wait(
+            [*by_conn, *by_sentinel], timeout=None if left is None else max(left, 0)
+        )
+        if not ready:
+            held = ", ".join(
+                f"{w.held[0]}-{w.held[1] - 1} (pid {w.proc.pid})" for w in busy if w.held
+            )
+            raise BatchTimeout(
+                f"the batch of {len(job.rows)} rows did not finish within "
+                f"timeout={job.timeout} s; workers still busy with rows {held} "
+                f"were terminated and will be replaced"
+            )
+        errors = []
+        for r in ready:
+            w = by_conn.get(r)  # type: ignore[arg-type]
+            if w is None:
+                continue
+            try:
+                msg = w.conn.recv()
+            except (EOFError, OSError):
+                self._crashed(by_sentinel[w.proc.sentinel])
+            errors.extend(self._handle(job, w, msg))
+        for r in ready:
+            if r in by_sentinel:
+                self._crashed(by_sentinel[r])  # type: ignore[index]
+        if errors and stop_on_error:
+            raise errors[0]
+        return errors
+
+    def _handle(self, job: Job, w: _Worker, msg: tuple[Any, ...]) -> list[BaseException]:
+        tag = msg[0]
+        if tag == "done":
+            w.held = None
+            return []
+        if tag == "probe":
+            w.held = None
+            leaves = flatten(msg[2])[1]
+            _check_shm(
+                len(job.rows) * sum(t.numel() * t.element_size() for t in leaves), "the output"
+            )
+            job.store(msg[1], msg[2], shared=True)
+            return []
+        _, row, name, text, tb, blob = msg
+        if row < 0:  # the worker could not even load the function
+            w.held = None
+            raise ConfigError(
+                f"the worker could not unpickle the row function "
+                f"({name}: {text}); is its module importable in a fresh "
+                f"process?"
+            ) from RemoteTraceback(tb)
+        if w.held is not None and not (w.held[0] <= row < w.held[1]):
+            return []
+        w.held = None
+        exc = _worker.rebuild(blob, name, text, tb)
+        if tag == "bad-result":
+            return [_with_row(exc, row)]
+        err = RowError(row, f"row {row}: {name}: {text}")
+        err.__cause__ = exc
+        return [err]
+
+    def _crashed(self, w: _Worker) -> None:
+        w.proc.join(1)
+        code = w.proc.exitcode
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how = f"signal {signal.Signals(-code).name}"
+        rows = f"while it held rows {w.held[0]}-{w.held[1] - 1}" if w.held else "while idle"
+        raise WorkerCrashed(
+            f"worker pid {w.proc.pid} died with {how} {rows}; likely causes: a segfault or "
+            f"abort in the row function (or a library it calls), or the OS killed the worker "
+            f"for memory (see dmesg). The pool starts new workers on the next call",
+            pid=w.proc.pid,
+            exitcode=code,
+            rows=w.held,
+        )
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype
+
+
+def _with_row(exc: BaseException, row: int) -> BaseException:
+    exc.row = row  # type: ignore[attr-defined]
+    return exc

@@ -1,0 +1,434 @@
+"""Side context: the tokens left or right of a masked span, padded to a fixed length.
+
+Three forms with one meaning, checked bit for bit against each other:
+
+* :func:`side_context` -- the batch at once, no Python loop over rows;
+* :func:`side_context_row` -- one row, marked with :func:`prep.rowwise` so every
+  executor (``vectorized`` included, which calls :func:`side_context`) can run it;
+* :func:`side_context_loop` -- the loop from the question prep grew out of
+  (slice each row, ``torch.cat`` the padding, ``torch.stack``), with its bugs
+  fixed. It is the baseline in benchmarks, not something to call.
+
+The meaning, for row ``b`` with valid length ``n = lengths[b]`` (``L`` if not given):
+
+* ``left``: positions ``[0, min(first, n))``, ``first`` being the first nonzero
+  of ``mask[b]``; the ``max_len`` nearest the span are kept and padding goes in
+  front, so the token next to the span is the last one;
+* ``right``: positions ``[last + 1, n)``; the ``max_len`` nearest the span are
+  kept and padding goes behind;
+* an all-zero mask row gives all padding. ``mask`` is read over the whole row;
+  ``lengths`` only bounds the *context*, on both sides: nothing at or beyond
+  ``lengths[b]`` is ever copied (a span that starts in the padding gets the
+  row's valid tokens as left context and nothing on the right).
+
+How :func:`side_context` stays near the memory-copy limit: each row's kept
+context is one contiguous run of ``inputs[b]``, so it computes a source row
+index per output position (``B * max_len`` int64, not one per feature), copies
+with ``index_select(..., out=)`` on the ``[B * L, *F]`` view (one ``memcpy``-like
+copy of each feature slice straight into the destination) and then overwrites
+only the padding slices. ``torch.gather`` with an expanded index was 5x slower
+on CPU, advanced indexing 3x, and ``masked_fill_`` over the whole output costs
+a second full pass; see ``scripts/bench_side_context.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .._rowwise import rowwise
+
+Side = Literal["left", "right"]
+Number = int | float | bool
+
+__all__ = ["side_context", "side_context_loop", "side_context_row"]
+
+# Below this many elements per feature slice, one masked pass over the output is
+# cheaper than finding the padding slices with nonzero() and filling only those.
+_INDEX_FILL_MIN_SLICE = 4
+
+
+# ------------------------------------------------------------------ checks
+
+
+def _check_args(
+    inputs: object,
+    mask: object,
+    side: object,
+    max_len: object,
+    pad_value: object,
+    rank: int,
+    what: str,
+) -> tuple[Tensor, Tensor, int]:
+    """Check what the three forms share; return ``inputs``, ``mask`` and ``max_len``."""
+    if not isinstance(inputs, Tensor):
+        raise TypeError(f"{what} must be a Tensor, got {type(inputs).__name__}")
+    if inputs.dim() < rank:
+        dims = "[B, L, *F]" if rank == 2 else "[L, *F]"
+        raise ValueError(
+            f"{what} has shape {tuple(inputs.shape)} ({inputs.dim()} dims), "
+            f"expected {dims}: at least {rank} dims"
+        )
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a Tensor, got {type(mask).__name__}")
+    lead = tuple(inputs.shape[:rank])
+    if tuple(mask.shape) != lead:
+        dims = "[B, L]" if rank == 2 else "[L]"
+        raise ValueError(
+            f"mask has shape {tuple(mask.shape)}, expected {dims} = {list(lead)} to match {what}"
+        )
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise TypeError(
+            f"mask has dtype {mask.dtype}, expected bool or an integer dtype; "
+            f"pass mask != 0 (or mask.bool())"
+        )
+    if mask.device != inputs.device:
+        raise ValueError(
+            f"mask is on {mask.device} but {what} on {inputs.device}; "
+            f"move mask with .to({what}.device)"
+        )
+    if side not in ("left", "right"):
+        raise ValueError(f"side={side!r} is not 'left' or 'right'")
+    if isinstance(max_len, bool):
+        raise TypeError(f"max_len={max_len!r} is a bool, expected an int >= 0")
+    try:
+        max_len = operator.index(max_len)
+    except TypeError:
+        raise TypeError(
+            f"max_len={max_len!r} is a {type(max_len).__name__}, expected an int >= 0"
+        ) from None
+    if max_len < 0:
+        raise ValueError(f"max_len={max_len} is negative, expected an int >= 0")
+    _check_pad(pad_value, inputs.dtype)
+    return inputs, mask, max_len
+
+
+def _check_pad(pad_value: object, dtype: torch.dtype) -> None:
+    if not isinstance(pad_value, (int, float, bool)):
+        raise TypeError(
+            f"pad_value={pad_value!r} is a {type(pad_value).__name__}, expected a Python number"
+        )
+    exact = dtype.is_floating_point or dtype.is_complex
+    if not exact and pad_value != int(pad_value):
+        raise ValueError(
+            f"pad_value={pad_value!r} cannot be stored in {dtype} inputs; pass an integer"
+        )
+    if dtype == torch.bool and pad_value not in (0, 1):
+        raise ValueError(
+            f"pad_value={pad_value!r} cannot be stored in bool inputs; pass False/True (or 0/1)"
+        )
+
+
+def _check_lengths(lengths: object, inputs: Tensor) -> Tensor:
+    """``lengths`` as int64 ``[B]`` on the inputs' device; the range check syncs on CUDA."""
+    B, L = inputs.shape[:2]
+    if not isinstance(lengths, Tensor):
+        raise TypeError(
+            f"lengths must be a Tensor of shape [B] = [{B}] or None, got {type(lengths).__name__}"
+        )
+    if tuple(lengths.shape) != (B,):
+        raise ValueError(
+            f"lengths has shape {tuple(lengths.shape)}, expected [B] = [{B}] to match inputs"
+        )
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths has dtype {lengths.dtype}, expected an integer dtype")
+    if lengths.device != inputs.device:
+        raise ValueError(
+            f"lengths is on {lengths.device} but inputs on {inputs.device}; "
+            f"move it with .to(inputs.device)"
+        )
+    if B and bool(((lengths < 0) | (lengths > L)).any()):
+        lo, hi = int(lengths.min()), int(lengths.max())
+        raise ValueError(
+            f"lengths has values in [{lo}, {hi}], outside [0, L] = [0, {L}]; "
+            f"each length counts the valid positions of its row"
+        )
+    return lengths.long()
+
+
+def _check_out(out: object, shape: tuple[int, ...], inputs: Tensor) -> Tensor:
+    if not isinstance(out, Tensor):
+        raise TypeError(f"out must be a Tensor or None, got {type(out).__name__}")
+    if tuple(out.shape) != shape:
+        raise ValueError(
+            f"out has shape {tuple(out.shape)}, expected [B, max_len, *F] = {list(shape)}"
+        )
+    if out.dtype != inputs.dtype or out.device != inputs.device:
+        raise ValueError(
+            f"out is {out.dtype} on {out.device}, expected {inputs.dtype} on "
+            f"{inputs.device} like inputs"
+        )
+    if torch.is_grad_enabled() and inputs.requires_grad:
+        raise ValueError(
+            "out= cannot record autograd history, and inputs requires grad; "
+            "call without out= to get gradients, or under torch.no_grad()"
+        )
+    return out
+
+
+# ------------------------------------------------------------------ batched
+
+
+def _window(
+    present: Tensor, lengths: Tensor | None, side: Side, max_len: int
+) -> tuple[Tensor, Tensor]:
+    """Per row, the position output slot 0 copies from (``[B]`` int64, may be out of
+    ``[0, L)``), and which slots are padding (``[B, max_len]`` bool)."""
+    L = present.shape[1]
+    slots = torch.arange(max_len, device=present.device)
+    as_bytes = present.view(torch.uint8)  # max(dim) is not implemented for bool
+    if side == "left":
+        # max returns the first maximal index: the first masked position, or 0
+        found, first = as_bytes.max(1)
+        stop = torch.where(found != 0, first, 0)
+        if lengths is not None:
+            stop = torch.minimum(stop, lengths)
+        return stop - max_len, slots < (max_len - stop)[:, None]
+    found, back = as_bytes.flip(1).max(1)  # L - 1 - back is the last masked position
+    start = torch.where(found != 0, L - back, L)
+    real = (L if lengths is None else lengths) - start  # may be negative: no real token
+    return start, slots >= real[:, None]
+
+
+def _merged(t: Tensor, rows: int, feat: tuple[int, ...]) -> Tensor | None:
+    """``t`` viewed as ``[rows, *F]`` without a copy, or None where its strides forbid it."""
+    try:
+        return t.view(rows, *feat)
+    except RuntimeError:
+        return None
+
+
+def _positions(base: Tensor, lo: int, hi: int, L: int, max_len: int) -> Tensor:
+    """Rows ``lo:hi`` of the ``[B * L]`` source index of every output slot, clamped in-row."""
+    rows = torch.arange(lo, hi, device=base.device)[:, None]
+    slots = torch.arange(max_len, device=base.device)
+    return (base[lo:hi, None] + slots).clamp_(0, L - 1).add_(rows * L).view(-1)
+
+
+def _copy_windows(inputs: Tensor, base: Tensor, dest: Tensor) -> None:
+    """``dest[b, j] = inputs[b, base[b] + j]`` where that is in the row (the rest: anything)."""
+    B, L, *rest = inputs.shape
+    feat, max_len = tuple(rest), dest.shape[1]
+    flat = _merged(inputs, B * L, feat)
+    if flat is None:  # strides that cannot be merged: gather by (row, position)
+        rows = torch.arange(B, device=base.device)[:, None]
+        slots = torch.arange(max_len, device=base.device)
+        dest.copy_(inputs[rows, (base[:, None] + slots).clamp_(0, L - 1)])
+        return
+    # Row b's slots are one contiguous run of the [B * L, *F] view, starting at
+    # b * L + base[b]: a window of the overlapping view windows[i] = flat[i : i + max_len].
+    # One index per row, each copy one contiguous block. The run may spill into the
+    # neighbouring rows (those slots are padding, overwritten later) but not past
+    # either end of the batch, except in the first and last `edge` rows.
+    edge = min(B, -(-max_len // L))
+    head, tail = edge, max(edge, B - edge)
+    if tail > head:
+        windows = flat.unfold(0, max_len, 1).movedim(-1, 1)  # [B*L - max_len + 1, max_len, *F]
+        starts = base[head:tail] + torch.arange(head, tail, device=base.device) * L
+        torch.index_select(windows, 0, starts, out=dest[head:tail])
+    for lo, hi in ((0, head), (tail, B)):  # the edge rows: one index per slot
+        if hi > lo:
+            index = _positions(base, lo, hi, L, max_len)
+            target = _merged(dest[lo:hi], (hi - lo) * max_len, feat)
+            if target is None:
+                dest[lo:hi] = flat.index_select(0, index).view(hi - lo, max_len, *feat)
+            else:
+                torch.index_select(flat, 0, index, out=target)
+
+
+def _fill_padding(dest: Tensor, pad: Tensor, value: Number) -> None:
+    """Write ``value`` into the slots ``dest[b, j]`` where ``pad[b, j]``, in place."""
+    B, max_len, *rest = dest.shape
+    flat = _merged(dest, B * max_len, tuple(rest))
+    if dest.device.type == "cpu" and math.prod(rest) >= _INDEX_FILL_MIN_SLICE and flat is not None:
+        # touch only the padding slots (a few % of the output, usually)
+        flat.index_fill_(0, pad.view(-1).nonzero().squeeze(1), value)
+    else:
+        # one pass over the output, but no nonzero(): on CUDA that would wait for the GPU
+        dest.masked_fill_(pad.view(B, max_len, *[1] * len(rest)), value)
+
+
+def side_context(
+    inputs: Tensor,
+    mask: Tensor,
+    *,
+    side: Side = "left",
+    max_len: int,
+    lengths: Tensor | None = None,
+    pad_value: Number = 0,
+    out: Tensor | None = None,
+    return_mask: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """The ``max_len`` tokens left or right of each row's masked span, padded.
+
+    ``inputs`` is ``[B, L, *F]`` (no ``F`` for token ids), ``mask`` is ``[B, L]``
+    (bool or integer; nonzero marks the span), ``lengths`` an optional ``[B]``
+    count of each row's valid positions. Returns ``[B, max_len, *F]`` with the
+    dtype and device of ``inputs`` (into ``out`` when given, with no temporary
+    of the output's size), and with ``return_mask=True`` also a ``[B, max_len]``
+    bool tensor, True where a real token was copied. Gradients flow to
+    ``inputs`` when ``out`` is None. See the module docstring for the exact rules.
+
+    >>> import torch
+    >>> from prep.ops import side_context
+    >>> ids = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
+    >>> span = torch.tensor([[0, 0, 0, 1, 1, 0], [1, 0, 0, 0, 0, 0]])
+    >>> side_context(ids, span, side="left", max_len=2, pad_value=-1)
+    tensor([[ 2,  3],
+            [-1, -1]])
+    >>> side_context(ids, span, side="right", max_len=3, lengths=torch.tensor([6, 4]))
+    tensor([[ 6,  0,  0],
+            [ 8,  9, 10]])
+    """
+    inputs, mask, max_len = _check_args(inputs, mask, side, max_len, pad_value, 2, "inputs")
+    B, L, *rest = inputs.shape
+    shape = (B, max_len, *rest)
+    if lengths is not None:
+        lengths = _check_lengths(lengths, inputs)
+    if out is not None:
+        out = _check_out(out, shape, inputs)
+    if B == 0 or L == 0 or max_len == 0:  # nothing to copy: all padding, or empty
+        result = out if out is not None else inputs.new_empty(shape)
+        result.fill_(pad_value)
+        valid = torch.zeros((B, max_len), dtype=torch.bool, device=inputs.device)
+        return (result, valid) if return_mask else result
+    present = mask if mask.dtype == torch.bool else mask != 0
+    base, pad = _window(present, lengths, side, max_len)
+    if torch.is_grad_enabled() and inputs.requires_grad:
+        # a per-slot gather: its backward scatters into [B * L, *F], where the
+        # windows' backward would need max_len times the inputs' memory
+        index = _positions(base, 0, B, L, max_len)
+        result = inputs.reshape(B * L, *rest).index_select(0, index).view(shape)
+        result.masked_fill_(pad.view(B, max_len, *[1] * len(rest)), pad_value)
+    else:
+        result = out if out is not None else inputs.new_empty(shape)
+        _copy_windows(inputs, base, result)
+        _fill_padding(result, pad, pad_value)
+    return (result, ~pad) if return_mask else result
+
+
+# ------------------------------------------------------------------ one row
+
+
+def _one_row(
+    x: Tensor, mask: Tensor, side: Side, max_len: int, length: int | None, pad_value: Number
+) -> Tensor:
+    """The row computation, after the checks."""
+    L, feat = x.shape[0], tuple(x.shape[1:])
+    n = L if length is None else length
+    where = mask.nonzero()
+    start = stop = 0
+    if where.numel() and side == "left":
+        stop = min(int(where[0, 0]), n)
+        start = max(stop - max_len, 0)
+    elif where.numel():
+        start = int(where[-1, 0]) + 1
+        stop = max(start, min(n, start + max_len))
+    result = x.new_full((max_len, *feat), pad_value)
+    count = stop - start
+    if count:
+        # copy_ into a slice keeps autograd (the padding simply gets no gradient)
+        at = max_len - count if side == "left" else 0
+        result[at : at + count] = x[start:stop]
+    return result
+
+
+def _scalar_length(length: object, L: int) -> int | None:
+    if length is None:
+        return None
+    if isinstance(length, Tensor):
+        if length.dim() != 0 or length.dtype.is_floating_point or length.dtype == torch.bool:
+            raise ValueError(
+                f"length is a {length.dtype} tensor of shape "
+                f"{tuple(length.shape)}, expected a 0-d integer tensor or an int"
+            )
+        length = int(length)
+    elif isinstance(length, bool) or not isinstance(length, int):
+        raise TypeError(
+            f"length={length!r} is a {type(length).__name__}, "
+            f"expected an int, a 0-d integer tensor or None"
+        )
+    if not 0 <= length <= L:
+        raise ValueError(f"length={length} is outside [0, L] = [0, {L}]")
+    return length
+
+
+@rowwise(batched=side_context, rename={"x": "inputs", "length": "lengths"})
+def side_context_row(
+    x: Tensor,
+    mask: Tensor,
+    *,
+    side: Side = "left",
+    max_len: int,
+    length: Tensor | int | None = None,
+    pad_value: Number = 0,
+) -> Tensor:
+    """:func:`side_context` for one row: ``x`` ``[L, *F]``, ``mask`` ``[L]`` -> ``[max_len, *F]``.
+
+    Marked with :func:`prep.rowwise`, so ``map_rows`` runs it with any executor
+    (``vectorized`` calls :func:`side_context` once). Lengths per row need a
+    dict batch, since ``length`` is keyword-only.
+
+    >>> import functools, torch, prep
+    >>> from prep.ops import side_context_row
+    >>> ids, span = torch.arange(12).view(2, 6), torch.eye(2, 6, dtype=torch.bool)
+    >>> fn = functools.partial(side_context_row, side="right", max_len=2)
+    >>> prep.map_rows(fn, {"x": ids, "mask": span, "length": torch.tensor([6, 3])},
+    ...               executor="serial")
+    tensor([[1, 2],
+            [8, 0]])
+    """
+    x, mask, max_len = _check_args(x, mask, side, max_len, pad_value, 1, "x")
+    return _one_row(x, mask, side, max_len, _scalar_length(length, x.shape[0]), pad_value)
+
+
+# ------------------------------------------------------------------ the baseline
+
+
+def side_context_loop(
+    inputs: Tensor,
+    mask: Tensor,
+    *,
+    side: Side,
+    max_len: int,
+    lengths: Tensor | None = None,
+    pad_value: Number = 0,
+) -> Tensor:
+    """The question's loop with its bugs fixed: slice each row, cat padding, stack.
+
+    The baseline :func:`side_context` is measured against; same results, bit for bit.
+
+    >>> import torch
+    >>> from prep.ops import side_context_loop
+    >>> side_context_loop(torch.arange(1, 7)[None], torch.tensor([[0, 0, 1, 0, 0, 0]]),
+    ...                   side="left", max_len=3)
+    tensor([[0, 1, 2]])
+    """
+    inputs, mask, max_len = _check_args(inputs, mask, side, max_len, pad_value, 2, "inputs")
+    if lengths is not None:
+        lengths = _check_lengths(lengths, inputs)
+    B, L, *feat = inputs.shape
+    rows = []
+    for b in range(B):
+        row, where = inputs[b], mask[b].nonzero().flatten()
+        n = L if lengths is None else int(lengths[b])
+        if where.numel() == 0:
+            context = row[:0]  # the seed read this shape from a variable not yet set
+        elif side == "left":
+            stop = min(int(where[0]), n)  # the seed stopped at first - 1
+            context = row[max(stop - max_len, 0) : stop]  # and never cut to max_len
+        else:
+            start = int(where[-1]) + 1
+            context = row[start : min(n, start + max_len)]  # the seed stopped at the feature size
+        # padding in the inputs' dtype and device (the seed made float32 on the CPU)
+        padding = torch.full(
+            (max_len - context.shape[0], *feat), pad_value, dtype=inputs.dtype, device=inputs.device
+        )
+        rows.append(torch.cat([padding, context] if side == "left" else [context, padding]))
+    if not rows:
+        return inputs.new_full((0, max_len, *feat), pad_value)
+    return torch.stack(rows)

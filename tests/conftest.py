@@ -1,0 +1,88 @@
+"""Fixtures that catch leaks: child processes and /dev/shm entries left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import prep
+
+
+def _table() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, state, command line) for every process we can read."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            table[int(entry)] = (int(fields[1]), fields[0], cmd)
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def descendants(pid: int | None = None) -> dict[int, str]:
+    """Live (non-zombie) descendants of ``pid`` -> their command line."""
+    pid = os.getpid() if pid is None else pid
+    table = _table()
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for p, (ppid, state, cmd) in table.items():
+            if ppid == parent and p not in found:
+                frontier.append(p)
+                if state != "Z":
+                    found[p] = cmd
+    return found
+
+
+# Long-lived helper servers that multiprocessing and loky start once per interpreter
+# by design (not per pool): the forkserver and the resource trackers. Pool workers are
+# forked *by* the forkserver, so they are found as its children.
+SERVERS = ("forkserver import", "resource_tracker", "semaphore_tracker")
+
+
+def pool_children(pid: int | None = None) -> dict[int, str]:
+    """Every process below ``pid`` except the per-interpreter servers themselves."""
+    pid = os.getpid() if pid is None else pid
+    table = _table()
+    servers = {
+        p for p, (ppid, _, cmd) in table.items() if ppid == pid and any(s in cmd for s in SERVERS)
+    }
+    return {p: c for p, c in descendants(pid).items() if p not in servers}
+
+
+def shm_entries() -> set[str]:
+    try:
+        return {e for e in os.listdir("/dev/shm") if e.startswith(("torch_", "prep", "loky"))}
+    except FileNotFoundError:
+        return set()
+
+
+def wait_until(predicate, timeout: float = 10.0, every: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(every)
+    return predicate()
+
+
+@pytest.fixture
+def no_leaks() -> Iterator[None]:
+    """After the test and ``prep.shutdown()``, no pool process or shm entry is left."""
+    before_shm = shm_entries()
+    yield
+    prep.shutdown()
+    assert wait_until(lambda: not pool_children()), f"processes left: {pool_children()}"
+    assert wait_until(lambda: shm_entries() <= before_shm), (
+        f"/dev/shm entries left: {shm_entries() - before_shm}"
+    )

@@ -1,0 +1,110 @@
+"""Row functions for the tests, at module level so worker processes can import them."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import torch
+
+import prep
+
+
+def _affine_batch(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+@prep.rowwise(batched=_affine_batch)
+def affine(row: torch.Tensor) -> torch.Tensor:
+    return row * 2 + 1
+
+
+def _reverse_batch(x: torch.Tensor) -> torch.Tensor:
+    return x.flip(-1)
+
+
+@prep.rowwise(batched=_reverse_batch)
+def reverse(row: torch.Tensor) -> torch.Tensor:
+    """Works for every dtype, bool included."""
+    return row.flip(-1)
+
+
+def _pair_batch(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return a + b, a.flatten(1).sum(1)
+
+
+@prep.rowwise(batched=_pair_batch)
+def pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return a + b, a.flatten().sum()
+
+
+def _named_batch(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"sum": x + y, "flip": x.flip(-1)}
+
+
+@prep.rowwise(batched=_named_batch)
+def named(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"sum": x + y, "flip": x.flip(-1)}
+
+
+def identity(row: torch.Tensor) -> torch.Tensor:
+    return row
+
+
+def ragged(row: torch.Tensor) -> torch.Tensor:
+    """Row 3 returns a shorter tensor than the others."""
+    return row[:2] if int(row.flatten()[0]) == 3 else row
+
+
+def wrong_dtype(row: torch.Tensor) -> torch.Tensor:
+    return row.double() if int(row.flatten()[0]) == 2 else row
+
+
+def not_a_tensor(row: torch.Tensor) -> object:
+    return row.tolist()
+
+
+def fail_on_5(row: torch.Tensor) -> torch.Tensor:
+    if int(row.flatten()[0]) == 5:
+        raise ValueError(f"cannot handle {int(row.flatten()[0])}")
+    return row
+
+
+def sample_len(sample: dict) -> torch.Tensor:
+    """A collate-style fn: pad a variable-length sample to 8."""
+    t = torch.as_tensor(sample["tokens"], dtype=torch.int64)[:8]
+    return torch.nn.functional.pad(t, (0, 8 - len(t)))
+
+
+def hang(row: torch.Tensor) -> torch.Tensor:
+    if int(row.flatten()[0]) == 1:
+        time.sleep(3600)
+    return row
+
+
+def segfault(row: torch.Tensor) -> torch.Tensor:
+    if int(row.flatten()[0]) == 1:
+        ctypes.string_at(0)
+    return row
+
+
+def suicide(row: torch.Tensor) -> torch.Tensor:
+    if int(row.flatten()[0]) == 1:
+        os.kill(os.getpid(), 9)
+    return row
+
+
+def slow(row: torch.Tensor) -> torch.Tensor:
+    time.sleep(0.05)
+    return row
+
+
+def thread_settings(row: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(
+        [torch.get_num_threads(), int(os.environ.get("OMP_NUM_THREADS", "0")), os.getpid()]
+    )
+
+
+def returns_lambda_tensor(row: torch.Tensor) -> torch.Tensor:
+    return row

@@ -1,0 +1,236 @@
+"""The executor contract: every executor matches ``serial`` bit for bit."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import prep
+from tests import rowfns
+from tests.conftest import pool_children, wait_until
+
+EXECUTORS = sorted(prep.executors)
+PER_ROW = [e for e in EXECUTORS if e != "vectorized"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool]
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
+
+
+def run(fn, batch, executor, **kw):
+    return prep.map_rows(fn, batch, executor=executor, workers=2, **kw)
+
+
+def assert_same(a, b) -> None:
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    else:
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tensor_batch_matches_serial(executor, dtype):
+    x = make((37, 5, 3), dtype)
+    assert_same(run(rowfns.reverse, x, executor), run(rowfns.reverse, x, "serial"))
+    assert_same(run(rowfns.reverse, x, executor), x.flip(-1))
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_tuple_and_dict_batches_and_results(executor):
+    a, b = make((23, 4), torch.float32, 1), make((23, 4), torch.float32, 2)
+    got = run(rowfns.pair, (a, b), executor)
+    assert isinstance(got, tuple)
+    assert_same(got, run(rowfns.pair, (a, b), "serial"))
+    assert_same(got, (a + b, a.sum(1)))
+    got = run(rowfns.named, {"x": a, "y": b}, executor)
+    assert list(got) == ["sum", "flip"]
+    assert_same(got, {"sum": a + b, "flip": a.flip(-1)})
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("rows", [1, 1000])
+def test_row_counts(executor, rows):
+    x = make((rows, 6), torch.float32)
+    assert_same(run(rowfns.affine, x, executor), x * 2 + 1)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_non_contiguous_input(executor):
+    x = make((8, 30), torch.float32).t()[::2]  # [15, 8], strided both ways
+    assert not x.is_contiguous()
+    assert_same(run(rowfns.affine, x, executor), x * 2 + 1)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_out_is_filled_and_returned(executor):
+    x = make((19, 4), torch.float32)
+    out = torch.full((19, 4), -7.0)
+    got = run(rowfns.affine, x, executor, out=out)
+    assert got is out
+    assert_same(out, x * 2 + 1)
+    outs = (torch.empty(19, 4), torch.empty(19))
+    got = run(rowfns.pair, (x, x), executor, out=outs)
+    assert got[0] is outs[0] and got[1] is outs[1]
+    assert_same(outs, (2 * x, x.sum(1)))
+
+
+@pytest.mark.parametrize("executor", EXECUTORS)
+def test_zero_rows(executor):
+    x = torch.empty(0, 4)
+    out = torch.empty(0, 4)
+    assert run(rowfns.affine, x, executor, out=out) is out
+    if executor == "vectorized":
+        assert run(rowfns.affine, x, executor).shape == (0, 4)
+    else:
+        with pytest.raises(ValueError, match="0 rows.*out="):
+            run(rowfns.identity, x, executor)
+
+
+def test_partial_keeps_its_twin():
+    import functools
+
+    def scale_batch(x, *, k):
+        return x * k
+
+    @prep.rowwise(batched=scale_batch)
+    def scale(row, *, k):
+        return row * k
+
+    x = make((5, 3), torch.float32)
+    fn = functools.partial(scale, k=3.0)
+    assert_same(prep.map_rows(fn, x, executor="vectorized"), x * 3)
+    assert_same(prep.map_rows(fn, x, executor="serial"), x * 3)
+
+
+@pytest.mark.parametrize("executor", PER_ROW)
+def test_map_samples(executor):
+    samples = [{"tokens": list(range(n))} for n in (3, 9, 0, 5, 8)]
+    got = prep.map_samples(rowfns.sample_len, samples, executor=executor, workers=2)
+    want = torch.stack([rowfns.sample_len(s) for s in samples])
+    assert_same(got, want)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.integers(1, 40),
+    feat=st.lists(st.integers(0, 4), max_size=3),
+    executor=st.sampled_from(EXECUTORS),
+    dtype=st.sampled_from(DTYPES[:4]),
+)
+def test_property_shapes(rows, feat, executor, dtype):
+    x = make((rows, *feat), dtype)
+    assert_same(run(rowfns.affine, x, executor), run(rowfns.affine, x, "serial"))
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("executor", PER_ROW)
+def test_row_error_names_the_row_and_keeps_the_cause(executor):
+    x = torch.arange(10.0).view(10, 1)
+    with pytest.raises(prep.RowError, match=r"row 5: ValueError: cannot handle 5") as info:
+        run(rowfns.fail_on_5, x, executor)
+    assert info.value.row == 5
+    cause = info.value.__cause__
+    assert isinstance(cause, ValueError)
+    text = str(cause.__cause__) if cause.__cause__ is not None else ""
+    if executor in ("processes", "joblib"):  # the worker's traceback travels along
+        assert "fail_on_5" in text and "Traceback" in text
+    # the pool still works afterwards
+    assert_same(run(rowfns.affine, x, executor), x * 2 + 1)
+
+
+@pytest.mark.parametrize("executor", PER_ROW)
+def test_stack_error_names_two_rows(executor):
+    x = torch.arange(10.0).view(10, 1).expand(10, 4).contiguous()
+    with pytest.raises(
+        prep.StackError, match=r"row \d+ returned shape .* row \d+ returned shape"
+    ) as info:
+        run(rowfns.ragged, x, executor)
+    assert "row 3 returned shape (2,)" in str(info.value) and "shape (4,)" in str(info.value)
+    with pytest.raises(prep.StackError, match=r"row 2 .*float64"):
+        run(rowfns.wrong_dtype, x, executor)
+
+
+@pytest.mark.parametrize("executor", PER_ROW)
+def test_non_tensor_result_is_a_type_error(executor):
+    with pytest.raises(TypeError, match=r"returned a list .*must return a Tensor"):
+        run(rowfns.not_a_tensor, torch.ones(4, 2), executor)
+
+
+def test_bad_batches_and_settings():
+    with pytest.raises(ValueError, match=r"different numbers of rows \(0: 3, 1: 4\)"):
+        prep.map_rows(rowfns.pair, (torch.ones(3, 2), torch.ones(4, 2)))
+    with pytest.raises(prep.ConfigError, match=r"workers=0 .*workers >= 1"):
+        prep.map_rows(rowfns.identity, torch.ones(3), executor="threads", workers=0)
+    with pytest.raises(prep.ConfigError, match=r"executor='gpu' is not one of 'serial'"):
+        prep.map_rows(rowfns.identity, torch.ones(3), executor="gpu")
+    with pytest.raises(TypeError, match=r"column 0 is a list, expected a Tensor.*map_samples"):
+        prep.map_rows(rowfns.identity, [[1, 2]])
+    with pytest.raises(prep.ConfigError, match=r"has none.*@prep.rowwise"):
+        prep.map_rows(rowfns.identity, torch.ones(3), executor="vectorized")
+    with pytest.raises(ValueError, match=r"out= has a tensor of shape \(2, 2\).*3 rows"):
+        prep.map_rows(rowfns.identity, torch.ones(3, 2), out=torch.empty(2, 2))
+
+
+def test_unpicklable_function_under_processes():
+    with pytest.raises(prep.ConfigError, match=r"cannot be pickled.*module level.*'threads'"):
+        prep.map_rows(lambda r: r, torch.ones(3, 2), executor="processes", workers=2)
+
+
+def _threads() -> set[str]:
+    # multiprocessing's resource sharer (it hands file descriptors to workers) is one
+    # server thread per interpreter by design, not something a pool owns
+    return {
+        t.name
+        for t in threading.enumerate()
+        if getattr(t, "_target", None).__class__.__name__ != "method"
+        or "resource_sharer" not in getattr(t._target, "__module__", "")
+    }
+
+
+def test_pool_repr_and_close_leave_nothing(no_leaks):
+    prep.shutdown()  # the warm pools of earlier tests are not this test's business
+    assert wait_until(lambda: not pool_children())
+    threads_before = _threads()
+    for name in PER_ROW:
+        with prep.Pool(name, workers=2) as pool:
+            assert f"executor={name!r} workers=2" in repr(pool) and "open" in repr(pool)
+            assert_same(pool.map_rows(rowfns.affine, torch.ones(6, 2)), torch.full((6, 2), 3.0))
+        assert "closed" in repr(pool)
+        with pytest.raises(prep.ConfigError, match="closed"):
+            pool.map_rows(rowfns.affine, torch.ones(6, 2))
+    assert wait_until(lambda: _threads() <= threads_before), _threads() - threads_before
+    assert wait_until(lambda: not pool_children())
+
+
+def test_warm_pool_is_reused_and_shutdown_closes_it(no_leaks):
+    prep.shutdown()
+    x = torch.ones(8, 2)
+    prep.map_rows(rowfns.affine, x, executor="processes", workers=2)
+    pids = set(pool_children())
+    assert len(pids) == 2
+    prep.map_rows(rowfns.affine, x, executor="processes", workers=2)
+    assert set(pool_children()) == pids
+    prep.shutdown()
+    assert wait_until(lambda: not pool_children())
