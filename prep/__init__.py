@@ -9,6 +9,7 @@ torch.Size([4, 3])
 from __future__ import annotations
 
 from ._rowwise import rowwise
+from ._system import info
 from .api import Pool, map_rows, map_samples, shutdown
 from .errors import (
     BatchTimeout,
@@ -34,6 +35,7 @@ __all__ = [
     "WorkerCrashed",
     "__version__",
     "executors",
+    "info",
     "map_rows",
     "map_samples",
     "rowwise",

@@ -1,0 +1,46 @@
+"""What this machine offers prep: cores, threads per worker, /dev/shm, CUDA."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from typing import Any
+
+import torch
+
+from .executors import available_cores, threads_per_worker
+from .executors.processes import START_METHOD, shm_free
+
+
+def info(workers: int | None = None) -> dict[str, Any]:
+    """Facts that decide which executor can win here, as a dict.
+
+    ``threads_per_worker`` is what each ``processes``/``joblib`` worker sets
+    for torch's intra-op pool and OMP/MKL/OpenBLAS, so that workers x threads
+    never exceeds the cores.
+    """
+    cores = available_cores()
+    workers = workers or cores
+    gil = getattr(sys, "_is_gil_enabled", lambda: True)()
+    cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return {
+        "prep": _version(),
+        "torch": torch.__version__,
+        "torch_cuda_build": torch.version.cuda,
+        "python": platform.python_version(),
+        "gil_enabled": gil,
+        "cores": cores,
+        "torch_threads": torch.get_num_threads(),
+        "start_method": START_METHOD,
+        "workers": workers,
+        "threads_per_worker": threads_per_worker(workers),
+        "shm_free_bytes": shm_free(),
+        "cuda_devices": cuda,
+    }
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
