@@ -22,8 +22,11 @@ def info(workers: int | None = None) -> dict[str, Any]:
     cores = available_cores()
     workers = workers or cores
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
-    cuda = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
-        if torch.cuda.is_available() else []
+    cuda = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else []
+    )
     return {
         "prep": _version(),
         "torch": torch.__version__,

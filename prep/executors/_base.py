@@ -68,6 +68,9 @@ class Job:
     pin: bool = False  # allocate the output in pinned memory (a CUDA copy follows)
 
     def __post_init__(self) -> None:
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
         self.started = time.monotonic()
 
     def remaining(self) -> float | None:

@@ -10,6 +10,8 @@ which ``processes`` cannot.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import re
 from typing import Any
 
@@ -29,6 +31,12 @@ class JoblibExecutor(Executor):
         n = len(job.rows)
         if n == 0:
             return job.output  # type: ignore[return-value]
+        if job.timeout is not None and not self._warm():
+            # the timeout is for the rows, not for starting workers (seconds with torch)
+            joblib.Parallel(n_jobs=self.workers, backend="loky")(
+                joblib.delayed(os.getpid)() for _ in range(self.workers)
+            )
+            job.restart_clock()
         chunks = list(iter_chunks(n, self.workers, per_worker=2))
         tasks = (
             joblib.delayed(_worker.run_chunk)(job.fn, job.rows.take(a, b), a, b) for a, b in chunks
@@ -52,7 +60,7 @@ class JoblibExecutor(Executor):
                 exitcode=_exit_code(str(exc)),
                 rows=(a, b),
             ) from exc
-        except TimeoutError as exc:
+        except (TimeoutError, multiprocessing.TimeoutError) as exc:
             raise BatchTimeout(
                 f"the batch of {n} rows did not finish within "
                 f"timeout={job.timeout} s; joblib terminated its workers and "
@@ -61,6 +69,13 @@ class JoblibExecutor(Executor):
         if errors:
             raise min(errors, key=lambda e: getattr(e, "row", n))
         return job.output  # type: ignore[return-value]
+
+    def _warm(self) -> bool:
+        from joblib.externals.loky import reusable_executor
+
+        executor = reusable_executor._executor
+        processes = getattr(executor, "_processes", None) or {}
+        return sum(p.is_alive() for p in processes.values()) >= self.workers
 
     def close(self) -> None:
         # joblib's loky workers belong to one executor per interpreter, reused by every

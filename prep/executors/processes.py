@@ -161,6 +161,7 @@ class ProcessExecutor(Executor):
             _check_shm(sum(b.numel() * b.element_size() for b in given.buffers), "the output")
             job.output = given.like(shared=True)  # staging; copied into out= at the end
         self._ensure_started()
+        job.restart_clock()  # the timeout is for the rows, not for starting workers
         try:
             self._dispatch(job, blob, shell, keys, columns)
         except BaseException as exc:

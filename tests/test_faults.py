@@ -1,0 +1,203 @@
+"""Faults become clear, fast errors: never a hang, an orphan or a leaked segment.
+
+One table of cases, each bounded by a timeout, like loky's crash tests; the
+``no_leaks`` fixture checks processes and /dev/shm after every one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+import torch
+
+import prep
+from prep.executors import processes as processes_module
+from tests import rowfns
+from tests.conftest import wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (row function, executor, expected error, message pattern, seconds allowed, timeout=)
+CASES = [
+    (
+        rowfns.suicide,
+        "processes",
+        prep.WorkerCrashed,
+        r"pid \d+ died with signal SIGKILL "
+        r"while it held rows 1-1",
+        5,
+        None,
+    ),
+    (rowfns.suicide, "joblib", prep.WorkerCrashed, r"died while rows .*SIGKILL", 5, None),
+    (
+        rowfns.segfault,
+        "processes",
+        prep.WorkerCrashed,
+        r"pid \d+ died with signal SIGSEGV",
+        5,
+        None,
+    ),
+    (rowfns.segfault, "joblib", prep.WorkerCrashed, r"SIGSEGV", 5, None),
+    (rowfns.hang, "processes", prep.BatchTimeout, r"timeout=2 s.*rows 1-1 \(pid \d+\)", 4, 2),
+    (rowfns.hang, "joblib", prep.BatchTimeout, r"timeout=2 s", 4, 2),
+    (rowfns.hang, "threads", prep.BatchTimeout, r"timeout=2 s.*abandoned", 4, 2),
+    (rowfns.fail_on_5, "processes", prep.RowError, r"row 5: ValueError: cannot handle 5", 5, None),
+    (rowfns.fail_on_5, "joblib", prep.RowError, r"row 5: ValueError: cannot handle 5", 5, None),
+    (rowfns.not_a_tensor, "processes", TypeError, r"on row 0, returned a list", 5, None),
+    (lambda r: r, "processes", prep.ConfigError, r"cannot be pickled.*module level", 5, None),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("fn", "executor", "error", "match", "allowed", "timeout"),
+    CASES,
+    ids=[f"{c[0].__name__}-{c[1]}" for c in CASES],
+)
+def test_fault(no_leaks, fn, executor, error, match, allowed, timeout):
+    x = torch.arange(8.0).view(8, 1)
+    if executor == "joblib":  # loky's workers are shared: start them without a deadline
+        prep.map_rows(rowfns.affine, x, executor="joblib", workers=2)
+    with prep.Pool(executor, workers=2, timeout=timeout) as pool:
+        pool.map_rows(rowfns.affine, x)  # warm: the pool is up before the fault
+        start = time.monotonic()
+        with pytest.raises(error, match=match) as info:
+            pool.map_rows(fn, x)
+        assert time.monotonic() - start < allowed
+        if isinstance(info.value, prep.RowError) and executor != "threads":
+            assert "Traceback" in str(info.value.__cause__.__cause__)
+        # and the same pool works afterwards (rebuilt if it had to be)
+        assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
+
+
+def _script(body: str) -> list[str]:
+    code = textwrap.dedent(f"""
+        import os, sys, time, torch
+        sys.path.insert(0, {ROOT!r})
+        import prep
+        from tests import rowfns
+        if __name__ == "__main__":
+            pool = prep.Pool("processes", workers=2)
+            pool.map_rows(rowfns.affine, torch.ones(4, 1))
+            print(" ".join(map(str, pool._get("processes").pids)), flush=True)
+    """) + textwrap.indent(textwrap.dedent(body), "    ")
+    return [sys.executable, "-c", code]
+
+
+def _gone(pids: list[int]) -> bool:
+    def dead(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    return all(dead(p) for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_interrupts_at_once_and_leaves_no_orphans():
+    proc = subprocess.Popen(
+        _script("""
+        try:
+            pool.map_rows(rowfns.slow, torch.ones(400, 1))
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(3)
+    """),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    time.sleep(0.5)  # in the middle of the batch
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends: the whole group
+    out, _ = proc.communicate(timeout=10)
+    assert time.monotonic() - start < 2
+    assert "interrupted" in out and proc.returncode == 3
+    assert wait_until(lambda: _gone(pids), 5), "workers outlived an interrupted parent"
+
+
+@pytest.mark.timeout(60)
+def test_workers_exit_when_the_parent_is_killed():
+    proc = subprocess.Popen(
+        _script("""
+        pool.map_rows(rowfns.hang, torch.ones(4, 1))
+    """),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait(5)
+    assert wait_until(lambda: _gone(pids), 10), "workers outlived a killed parent"
+    os.killpg(proc.pid, signal.SIGKILL) if not _gone(pids) else None
+
+
+@pytest.mark.parametrize("executor", ["processes", "joblib"])
+def test_threads_per_worker_cap(no_leaks, executor):
+    got = prep.map_rows(rowfns.thread_settings, torch.ones(4, 1), executor=executor, workers=2)
+    cap = prep.info(workers=2)["threads_per_worker"]
+    assert cap == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert got[:, 0].tolist() == [cap] * 4  # torch intra-op threads in each worker
+    assert got[:, 1].tolist() == [cap] * 4  # OMP_NUM_THREADS for libraries loaded later
+
+
+def test_shm_preflight(monkeypatch):
+    monkeypatch.setattr(processes_module, "shm_free", lambda: 1 << 20)
+    x = torch.ones(1024, 1024)  # 4 MiB, more than the "free" 1 MiB
+    with pytest.raises(prep.ConfigError, match=r"needs 4\.0 MiB .* has 1\.0 MiB free.*'threads'"):
+        prep.map_rows(rowfns.affine, x, executor="processes", workers=2)
+
+
+def test_cuda_tensors_never_reach_workers():
+    meta = torch.empty(4, 2, device="meta")
+    with pytest.raises(prep.ConfigError, match=r"tensor on meta; workers never touch CUDA"):
+        prep.map_rows(rowfns.affine, meta, executor="processes", workers=2)
+
+
+def test_fork_after_cuda_is_refused(monkeypatch):
+    monkeypatch.setattr(processes_module, "START_METHOD", "fork")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(prep.ConfigError, match=r"'fork' after CUDA.*'forkserver'"):
+        processes_module.context()
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((3,), float(i))
+
+
+def _collate_with_processes(batch: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = prep.map_samples(rowfns.affine, batch, executor="processes", workers=2)
+    return out, torch.tensor(sum("cannot start a process pool" in str(w.message) for w in caught))
+
+
+@pytest.mark.timeout(90)
+def test_processes_inside_a_dataloader_worker_fall_back_to_threads(no_leaks):
+    loader = torch.utils.data.DataLoader(
+        _Rows(),
+        batch_size=2,
+        num_workers=1,
+        collate_fn=_collate_with_processes,
+        multiprocessing_context="forkserver",
+    )
+    batches = list(loader)
+    assert [b[0].tolist() for b in batches] == [[[1.0] * 3, [3.0] * 3], [[5.0] * 3, [7.0] * 3]]
+    assert [int(b[1]) for b in batches] == [1, 0]  # warned once in that worker, then quiet
