@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._rowwise import rowwise
 from ._system import info
 from .api import Pool, map_rows, map_samples, shutdown
+from .collate import Collate
 from .errors import (
     BatchTimeout,
     ConfigError,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchTimeout",
+    "Collate",
     "ConfigError",
     "Pool",
     "PrepError",

@@ -108,3 +108,21 @@ def thread_settings(row: torch.Tensor) -> torch.Tensor:
 
 def returns_lambda_tensor(row: torch.Tensor) -> torch.Tensor:
     return row
+
+
+def pad_tokens(sample: torch.Tensor) -> torch.Tensor:
+    """Variable-length int64 tokens -> 6, padded with zeros behind."""
+    return torch.nn.functional.pad(sample[:6], (0, max(0, 6 - len(sample))))
+
+
+def pad_pair(sample: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens, label = sample
+    return pad_tokens(tokens), label
+
+
+def pad_dict(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {"tokens": pad_tokens(sample["tokens"]), "n": torch.tensor(len(sample["tokens"]))}
+
+
+def row_sum(row: torch.Tensor) -> torch.Tensor:
+    return row.sum(0, keepdim=True)

@@ -1,0 +1,141 @@
+"""A DataLoader ``collate_fn`` that runs the per-sample work of a batch in parallel.
+
+A DataLoader's workers parallelize over whole batches; the per-sample work
+inside ``collate_fn`` (padding, cropping, cutting contexts) still runs in a
+plain loop. :class:`Collate` maps it over the samples of each batch with an
+executor and writes the results into one output.
+
+Where it runs decides what it may do:
+
+* in the main process (``num_workers=0``) it keeps a warm pool of the chosen
+  executor for as long as the Collate object lives, and moves each batch to
+  ``device``;
+* inside a DataLoader worker it never starts processes (a daemonic worker may
+  have no children): ``processes``/``joblib`` fall back to threads, with one
+  warning per worker; it sizes its threads so that ``num_workers x threads``
+  stays within the cores, and returns CPU tensors (pinned with
+  ``pin_memory=True``), as the DataLoader's own ``pin_memory`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ._structure import Result
+from .api import AUTO, Pool, _check_name, _device, in_worker_process
+from .executors import available_cores, resolve_workers
+
+__all__ = ["Collate"]
+
+
+class Collate:
+    """``DataLoader(..., collate_fn=prep.Collate(fn, executor="threads"))``.
+
+    ``fn(sample)`` turns one sample into a Tensor, a tuple or a dict of Tensors
+    of the same shapes for every sample; the batch is their stack. With
+    ``collate=`` (e.g. ``torch.utils.data.default_collate``) the samples are
+    collated first and ``fn`` runs on the rows of that batch (``map_rows``).
+
+    >>> import torch, prep
+    >>> pad = lambda s: torch.nn.functional.pad(s, (0, 4 - len(s)))
+    >>> collate = prep.Collate(pad, executor="threads", workers=2)
+    >>> collate([torch.tensor([1, 2]), torch.tensor([3])]).tolist()
+    [[1, 2, 0, 0], [3, 0, 0, 0]]
+    >>> collate.close()
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        executor: str = AUTO,
+        workers: int | None = None,
+        device: Any = None,
+        pin_memory: bool = False,
+        collate: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise TypeError(f"Collate needs a callable row function, got {fn!r}")
+        self.fn = fn
+        self.executor = _check_name(executor)
+        self.workers = None if workers is None else resolve_workers(workers)
+        self.device = _device(device)
+        self.pin_memory = pin_memory
+        self.collate = collate
+        self._pool: Pool | None = None
+        self._pid: int | None = None
+        self._warned_device = False
+
+    def _get_pool(self) -> Pool:
+        # a pool belongs to the process that made it: a forked DataLoader worker gets a
+        # copy of the parent's object, whose threads or processes it does not have
+        if self._pool is None or self._pid != os.getpid():
+            in_worker = in_worker_process()
+            workers = self.workers
+            if in_worker and workers is None:
+                info = torch.utils.data.get_worker_info()
+                loaders = info.num_workers if info is not None else 1
+                workers = max(1, available_cores() // loaders)
+            self._pool = Pool(
+                self.executor, workers=workers, device=None if in_worker else self.device
+            )
+            self._pid = os.getpid()
+            weakref.finalize(self, self._pool.close)
+        return self._pool
+
+    def __call__(self, samples: Sequence[Any]) -> Result:
+        pool = self._get_pool()
+        if self.collate is not None:
+            result = pool.map_rows(self.fn, self.collate(list(samples)))
+        else:
+            result = pool.map_samples(self.fn, samples)
+        in_worker = in_worker_process()
+        if (
+            in_worker
+            and self.device is not None
+            and self.device.type != "cpu"
+            and not self._warned_device
+        ):
+            self._warned_device = True
+            warnings.warn(
+                f"prep.Collate(device={str(self.device)!r}) returns CPU tensors "
+                f"inside DataLoader workers; move the batch to the device in the "
+                f"main loop (pin_memory=True makes that copy fast)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if self.pin_memory and (in_worker or self.device is None) and torch.cuda.is_available():
+            result = _apply(result, torch.Tensor.pin_memory)
+        return result
+
+    def close(self) -> None:
+        """Stop the warm pool. It is safe to call this several times."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.close()
+        self._pool = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pools do not travel: each process makes its own on first use
+        return {**self.__dict__, "_pool": None, "_pid": None}
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", repr(self.fn))
+        return (
+            f"prep.Collate({name}, executor={self.executor!r}, workers={self.workers}, "
+            f"device={str(self.device) if self.device else None!r}, "
+            f"pin_memory={self.pin_memory})"
+        )
+
+
+def _apply(result: Result, f: Callable[[torch.Tensor], torch.Tensor]) -> Result:
+    if isinstance(result, torch.Tensor):
+        return f(result)
+    if isinstance(result, dict):
+        return {k: f(v) for k, v in result.items()}
+    return tuple(f(v) for v in result)
