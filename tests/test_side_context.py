@@ -34,12 +34,13 @@ def make_inputs(
 
 @st.composite
 def cases(draw: st.DrawFn) -> dict:
-    B = draw(st.integers(0, 5))
+    B = draw(st.integers(0, 8))
     L = draw(st.integers(0, 12))
     feat = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
-    kind = draw(st.sampled_from(["empty", "full", "first", "last", "scattered", "span"]))
+    kinds = st.sampled_from(["empty", "full", "first", "last", "scattered", "span"])
     mask = torch.zeros(B, L, dtype=torch.bool)
     for b in range(B):
+        kind = draw(kinds)  # per row: an empty first row next to full ones, ...
         if L == 0 or kind == "empty":
             continue
         if kind == "full":
@@ -300,6 +301,14 @@ BAD = [
         ValueError,
         "pad_value=0.5 cannot be stored in torch.int64",
     ),
+    (
+        dict(pad_value=2, inputs=torch.zeros(2, 5, dtype=torch.bool)),
+        ValueError,
+        "pad_value=2 cannot be stored in torch.bool inputs; pass False or True",
+    ),
+    (dict(pad_value="0"), TypeError, "pad_value='0' is a str, expected a Python number"),
+    (dict(lengths=[1, 2]), TypeError, r"lengths must be a Tensor of shape \[B\] = \[2\]"),
+    (dict(out=torch.zeros(2, 4, 3).numpy()), TypeError, "out must be a Tensor or None"),
 ]
 
 

@@ -21,14 +21,19 @@ The meaning, for row ``b`` with valid length ``n = lengths[b]`` (``L`` if not gi
   ``lengths[b]`` is ever copied (a span that starts in the padding gets the
   row's valid tokens as left context and nothing on the right).
 
-How :func:`side_context` stays near the memory-copy limit: each row's kept
-context is one contiguous run of ``inputs[b]``, so it computes a source row
-index per output position (``B * max_len`` int64, not one per feature), copies
-with ``index_select(..., out=)`` on the ``[B * L, *F]`` view (one ``memcpy``-like
-copy of each feature slice straight into the destination) and then overwrites
-only the padding slices. ``torch.gather`` with an expanded index was 5x slower
-on CPU, advanced indexing 3x, and ``masked_fill_`` over the whole output costs
-a second full pass; see ``scripts/bench_side_context.py``.
+How :func:`side_context` stays at the memory-copy limit: row ``b``'s slots are
+one contiguous run of the ``[B * L, *F]`` view of ``inputs``, i.e. one window of
+the overlapping view ``flat.unfold(0, max_len, 1)``. So the copy is a single
+``index_select`` of those windows (one int64 index per row, one contiguous block
+per row) straight into ``out``, and then only the padding slots are
+overwritten. Its temporaries are ``[B]`` and ``[B, max_len]`` bool, never of the
+output's size. On a 2-core CPU (B=256, L=512, F=768, max_len=128) this ran at
+the speed of ``out.copy_`` of the same bytes, where one index per output slot
+took 1.1-2.3x as long, ``torch.gather`` with an expanded index about 6x, and a
+``masked_fill_`` of the padding would add a second pass over the output; see
+``scripts/bench_side_context.py``. On CUDA the padding does take that masked
+pass, because finding the padding slots needs ``nonzero()``, a host sync; no
+CUDA call syncs except the range check of ``lengths``.
 """
 
 from __future__ import annotations
@@ -55,16 +60,8 @@ _INDEX_FILL_MIN_SLICE = 4
 # ------------------------------------------------------------------ checks
 
 
-def _check_args(
-    inputs: object,
-    mask: object,
-    side: object,
-    max_len: object,
-    pad_value: object,
-    rank: int,
-    what: str,
-) -> tuple[Tensor, Tensor, int]:
-    """Check what the three forms share; return ``inputs``, ``mask`` and ``max_len``."""
+def _check_tensors(inputs: object, mask: object, rank: int, what: str) -> None:
+    """``inputs`` is ``[B, L, *F]`` (``rank`` 2) or ``[L, *F]`` (1), ``mask`` its ``[B, L]``."""
     if not isinstance(inputs, Tensor):
         raise TypeError(f"{what} must be a Tensor, got {type(inputs).__name__}")
     if inputs.dim() < rank:
@@ -91,6 +88,10 @@ def _check_args(
             f"mask is on {mask.device} but {what} on {inputs.device}; "
             f"move mask with .to({what}.device)"
         )
+
+
+def _check_options(side: object, max_len: object, pad_value: object, dtype: torch.dtype) -> int:
+    """Check ``side``, ``max_len`` and ``pad_value``; return ``max_len`` as an int."""
     if side not in ("left", "right"):
         raise ValueError(f"side={side!r} is not 'left' or 'right'")
     if isinstance(max_len, bool):
@@ -103,8 +104,8 @@ def _check_args(
         ) from None
     if max_len < 0:
         raise ValueError(f"max_len={max_len} is negative, expected an int >= 0")
-    _check_pad(pad_value, inputs.dtype)
-    return inputs, mask, max_len
+    _check_pad(pad_value, dtype)
+    return max_len
 
 
 def _check_pad(pad_value: object, dtype: torch.dtype) -> None:
@@ -112,15 +113,11 @@ def _check_pad(pad_value: object, dtype: torch.dtype) -> None:
         raise TypeError(
             f"pad_value={pad_value!r} is a {type(pad_value).__name__}, expected a Python number"
         )
-    exact = dtype.is_floating_point or dtype.is_complex
-    if not exact and pad_value != int(pad_value):
-        raise ValueError(
-            f"pad_value={pad_value!r} cannot be stored in {dtype} inputs; pass an integer"
-        )
-    if dtype == torch.bool and pad_value not in (0, 1):
-        raise ValueError(
-            f"pad_value={pad_value!r} cannot be stored in bool inputs; pass False/True (or 0/1)"
-        )
+    if dtype.is_floating_point or dtype.is_complex:
+        return
+    if pad_value != int(pad_value) or (dtype == torch.bool and pad_value not in (0, 1)):
+        need = "False or True" if dtype == torch.bool else "an integer"
+        raise ValueError(f"pad_value={pad_value!r} cannot be stored in {dtype} inputs; pass {need}")
 
 
 def _check_lengths(lengths: object, inputs: Tensor) -> Tensor:
@@ -180,16 +177,15 @@ def _window(
     ``[0, L)``), and which slots are padding (``[B, max_len]`` bool)."""
     L = present.shape[1]
     slots = torch.arange(max_len, device=present.device)
-    as_bytes = present.view(torch.uint8)  # max(dim) is not implemented for bool
     if side == "left":
         # max returns the first maximal index: the first masked position, or 0
-        found, first = as_bytes.max(1)
-        stop = torch.where(found != 0, first, 0)
+        found, first = present.max(1)
+        stop = torch.where(found, first, 0)
         if lengths is not None:
             stop = torch.minimum(stop, lengths)
         return stop - max_len, slots < (max_len - stop)[:, None]
-    found, back = as_bytes.flip(1).max(1)  # L - 1 - back is the last masked position
-    start = torch.where(found != 0, L - back, L)
+    found, back = present.flip(1).max(1)  # L - 1 - back is the last masked position
+    start = torch.where(found, L - back, L)
     real = (L if lengths is None else lengths) - start  # may be negative: no real token
     return start, slots >= real[:, None]
 
@@ -271,7 +267,8 @@ def side_context(
     dtype and device of ``inputs`` (into ``out`` when given, with no temporary
     of the output's size), and with ``return_mask=True`` also a ``[B, max_len]``
     bool tensor, True where a real token was copied. Gradients flow to
-    ``inputs`` when ``out`` is None. See the module docstring for the exact rules.
+    ``inputs`` when ``out`` is None; ``out=`` with ``inputs`` that require grad
+    (grad mode on) raises ``ValueError``. See the module docstring for the rules.
 
     >>> import torch
     >>> from prep.ops import side_context
@@ -284,7 +281,8 @@ def side_context(
     tensor([[ 6,  0,  0],
             [ 8,  9, 10]])
     """
-    inputs, mask, max_len = _check_args(inputs, mask, side, max_len, pad_value, 2, "inputs")
+    _check_tensors(inputs, mask, 2, "inputs")
+    max_len = _check_options(side, max_len, pad_value, inputs.dtype)
     B, L, *rest = inputs.shape
     shape = (B, max_len, *rest)
     if lengths is not None:
@@ -382,7 +380,8 @@ def side_context_row(
     tensor([[1, 2],
             [8, 0]])
     """
-    x, mask, max_len = _check_args(x, mask, side, max_len, pad_value, 1, "x")
+    _check_tensors(x, mask, 1, "x")
+    max_len = _check_options(side, max_len, pad_value, x.dtype)
     return _one_row(x, mask, side, max_len, _scalar_length(length, x.shape[0]), pad_value)
 
 
@@ -408,7 +407,8 @@ def side_context_loop(
     ...                   side="left", max_len=3)
     tensor([[0, 1, 2]])
     """
-    inputs, mask, max_len = _check_args(inputs, mask, side, max_len, pad_value, 2, "inputs")
+    _check_tensors(inputs, mask, 2, "inputs")
+    max_len = _check_options(side, max_len, pad_value, inputs.dtype)
     if lengths is not None:
         lengths = _check_lengths(lengths, inputs)
     B, L, *feat = inputs.shape
@@ -425,9 +425,7 @@ def side_context_loop(
             start = int(where[-1]) + 1
             context = row[start : min(n, start + max_len)]  # the seed stopped at the feature size
         # padding in the inputs' dtype and device (the seed made float32 on the CPU)
-        padding = torch.full(
-            (max_len - context.shape[0], *feat), pad_value, dtype=inputs.dtype, device=inputs.device
-        )
+        padding = inputs.new_full((max_len - context.shape[0], *feat), pad_value)
         rows.append(torch.cat([padding, context] if side == "left" else [context, padding]))
     if not rows:
         return inputs.new_full((0, max_len, *feat), pad_value)
