@@ -8,11 +8,18 @@ from .joblib_loky import JoblibExecutor
 from .processes import ProcessExecutor
 from .serial import SerialExecutor
 from .threads import ThreadExecutor
-from .vectorized import VectorizedExecutor
+from .vectorized import VectorizedExecutor, VmapExecutor
 
 REGISTRY: dict[str, type[Executor]] = {
     cls.name: cls
-    for cls in (SerialExecutor, ThreadExecutor, ProcessExecutor, JoblibExecutor, VectorizedExecutor)
+    for cls in (
+        SerialExecutor,
+        ThreadExecutor,
+        ProcessExecutor,
+        JoblibExecutor,
+        VectorizedExecutor,
+        VmapExecutor,
+    )
 }
 
 

@@ -66,6 +66,7 @@ class Job:
     output: Output | None = None
     timeout: float | None = None
     pin: bool = False  # allocate the output in pinned memory (a CUDA copy follows)
+    done: int = 0  # rows before this one are already in ``output`` (auto's calibration)
 
     def __post_init__(self) -> None:
         self.restart_clock()

@@ -37,7 +37,7 @@ class JoblibExecutor(Executor):
                 joblib.delayed(os.getpid)() for _ in range(self.workers)
             )
             job.restart_clock()
-        chunks = list(iter_chunks(n, self.workers, per_worker=2))
+        chunks = list(iter_chunks(n, self.workers, per_worker=2, first=job.done))
         tasks = (
             joblib.delayed(_worker.run_chunk)(job.fn, job.rows.take(a, b), a, b) for a, b in chunks
         )

@@ -236,7 +236,7 @@ class ProcessExecutor(Executor):
                 w.conn.send(("output", job.output))
             pending.extend(iter_chunks(n, self.workers, first=1))
         else:
-            pending.extend(iter_chunks(n, self.workers))
+            pending.extend(iter_chunks(n, self.workers, first=job.done))
         errors: list[BaseException] = []
         while True:
             for w in self._workers:

@@ -19,7 +19,7 @@ class SerialExecutor(Executor):
         super().__init__(workers)
 
     def run(self, job: Job) -> Output:
-        for i in range(len(job.rows)):
+        for i in range(job.done, len(job.rows)):
             job.check_deadline()
             job.store(i, job.compute(i))
         assert job.output is not None or len(job.rows) == 0

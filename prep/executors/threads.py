@@ -47,7 +47,7 @@ class ThreadExecutor(Executor):
         n = len(job.rows)
         if n == 0:
             return job.output  # type: ignore[return-value]
-        first = 0
+        first = job.done
         if job.output is None:  # the first row fixes the output's shape
             job.store(0, job.compute(0))
             first = 1

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
 from .._rowwise import twin_of
 from .._structure import Output, TensorRows, flatten
 from ..errors import ConfigError
@@ -17,39 +22,62 @@ class VectorizedExecutor(Executor):
     def __init__(self, workers: int | None = 1) -> None:
         super().__init__(workers)
 
-    def run(self, job: Job) -> Output:
-        twin = twin_of(job.fn)
+    def batched(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
+        """The function to call once on all rows, and its name for messages."""
+        twin = twin_of(fn)
         if twin is None:
             raise ConfigError(
-                f"executor='vectorized' needs a batched twin, and {_name(job.fn)} has none; "
+                f"executor='vectorized' needs a batched twin, and {_name(fn)} has none; "
                 f"mark it with @prep.rowwise(batched=...) or pick another executor"
             )
+        return twin, f"the batched twin {_name(twin.twin.batched)}"
+
+    def run(self, job: Job) -> Output:
         if not isinstance(job.rows, TensorRows):
             raise ConfigError(
-                "executor='vectorized' works on a batch of tensors, not on a list "
-                "of samples; use map_rows, or another executor"
+                f"executor={self.name!r} works on a batch of tensors, not on a list "
+                f"of samples; use map_rows, or another executor"
             )
+        twin, what = self.batched(job.fn)
+        rows = job.rows
+        if job.done:  # the first rows are already in the output: run the rest only
+            rows = rows.replace([c[job.done :] for c in rows.columns])
         # one call, so its exception (and traceback) reaches the caller as it is
-        result = job.rows.call_batched(twin)
-        spec, leaves = flatten(result, what=f"the batched twin {_name(twin.twin.batched)}")
-        n = len(job.rows)
+        result = rows.call_batched(twin)
+        spec, leaves = flatten(result, what=what)
+        n = len(rows)
         for leaf in leaves:
             if leaf.dim() == 0 or leaf.shape[0] != n:
                 raise ConfigError(
-                    f"the batched twin {_name(twin.twin.batched)} returned shape "
+                    f"{what} returned shape "
                     f"{tuple(leaf.shape)} for a batch of {n} rows; it must keep "
                     f"the rows along dim 0"
                 )
         if job.output is None:
             return Output(spec, leaves)
-        # out= was given: copy into it, checking each row's shape like the others do
-        given = job.output
-        for i in range(min(n, 1)):
-            given.write(i, spec.unflatten([leaf[i] for leaf in leaves]))
-        for buf, leaf in zip(given.buffers, leaves):
-            buf.copy_(leaf)
-        return given
+        # the output exists (out= or earlier rows): check one row's shape like the other
+        # executors do, then copy the rest in one go
+        out = job.output
+        if n:
+            out.write(job.done, spec.unflatten([leaf[0] for leaf in leaves]))
+        for buf, leaf in zip(out.buffers, leaves):
+            buf[job.done :].copy_(leaf)
+        return out
 
 
 def _name(fn: object) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+class VmapExecutor(VectorizedExecutor):
+    """``torch.func.vmap`` of the row function: vectorized without writing a twin.
+
+    It only works for row functions without data-dependent control flow
+    (no ``.item()``, ``nonzero``, Python branches on values); ``auto`` tries it
+    on a sample and compares with ``serial`` before it ever picks it.
+    """
+
+    name = "vmap"
+
+    def batched(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
+        return torch.func.vmap(fn), f"torch.func.vmap({_name(fn)})"

@@ -27,10 +27,12 @@ the overlapping view ``flat.unfold(0, max_len, 1)``. So the copy is a single
 ``index_select`` of those windows (one int64 index per row, one contiguous block
 per row) straight into ``out``, and then only the padding slots are
 overwritten. Its temporaries are ``[B]`` and ``[B, max_len]`` bool, never of the
-output's size. On a 2-core CPU (B=256, L=512, F=768, max_len=128) this ran at
-the speed of ``out.copy_`` of the same bytes, where one index per output slot
-took 1.1-2.3x as long, ``torch.gather`` with an expanded index about 6x, and a
-``masked_fill_`` of the padding would add a second pass over the output; see
+output's size. (The first and last few rows, whose windows could leave the
+batch, take one index per slot.) On a 2-core CPU (B=256, L=512, F=768,
+max_len=128) that copy ran at the speed of ``out.copy_`` of the same bytes and
+the whole call at 1.3x, where one index per output slot took 1.1-2.3x as long
+for the copy alone, ``torch.gather`` with an expanded index about 6x, and a
+``masked_fill_`` of the padding adds a second pass over the output; see
 ``scripts/bench_side_context.py``. On CUDA the padding does take that masked
 pass, because finding the padding slots needs ``nonzero()``, a host sync; no
 CUDA call syncs except the range check of ``lengths``.
