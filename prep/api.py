@@ -116,7 +116,7 @@ def _run(
     if n == 0:
         if given is not None:
             return given.result()
-        if ex.name != "vectorized":
+        if ex.per_row:
             raise ValueError(
                 "the batch has 0 rows, so no row result shows the output's shape; "
                 "pass out= (a preallocated result with 0 rows), or give the "

@@ -14,7 +14,7 @@ from tests import rowfns
 from tests.conftest import pool_children, wait_until
 
 EXECUTORS = sorted(prep.executors)
-PER_ROW = [e for e in EXECUTORS if e != "vectorized"]
+PER_ROW = [e for e in EXECUTORS if prep.executors[e].per_row]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool]
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,7 +99,7 @@ def test_zero_rows(executor):
     x = torch.empty(0, 4)
     out = torch.empty(0, 4)
     assert run(rowfns.affine, x, executor, out=out) is out
-    if executor == "vectorized":
+    if not prep.executors[executor].per_row:
         assert run(rowfns.affine, x, executor).shape == (0, 4)
     else:
         with pytest.raises(ValueError, match="0 rows.*out="):

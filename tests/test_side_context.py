@@ -106,7 +106,17 @@ def executor_params() -> list:
     marks = {
         name: [pytest.mark.timeout(60)] if name in SLOW_EXECUTORS else [] for name in prep.executors
     }
-    return [pytest.param(name, marks=marks[name]) for name in sorted(prep.executors)]
+    # vmap cannot run this row function (it branches on the mask's values); see below
+    return [
+        pytest.param(name, marks=marks[name]) for name in sorted(prep.executors) if name != "vmap"
+    ]
+
+
+def test_vmap_refuses_the_data_dependent_row_function() -> None:
+    inputs, mask = make_inputs(3, 5, (), torch.int64), torch.eye(3, 5, dtype=torch.bool)
+    fn = functools.partial(side_context_row, max_len=2)
+    with pytest.raises(RuntimeError, match="vmap|data-dependent|item"):
+        prep.map_rows(fn, (inputs, mask), executor="vmap")
 
 
 @pytest.mark.parametrize("executor", executor_params())

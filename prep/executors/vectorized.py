@@ -80,4 +80,10 @@ class VmapExecutor(VectorizedExecutor):
     name = "vmap"
 
     def batched(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
-        return torch.func.vmap(fn), f"torch.func.vmap({_name(fn)})"
+        def call(*columns: Any, **named: Any) -> Any:
+            # vmap maps positional inputs only: pass named columns positionally, rename inside
+            names, k = list(named), len(columns)
+            row = lambda *c: fn(*c[:k], **dict(zip(names, c[k:])))
+            return torch.func.vmap(row)(*columns, *named.values())
+
+        return call, f"torch.func.vmap({_name(fn)})"

@@ -1,0 +1,8 @@
+"""``python -m prep``: the same as the ``prep`` command."""
+
+from __future__ import annotations
+
+from .cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

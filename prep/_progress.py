@@ -1,0 +1,129 @@
+"""What ``prep run`` tells the person watching it.
+
+A tqdm bar (shards, rows, rows/s, ETA) when stderr is a terminal; one plain
+line per shard otherwise (a log file or CI has no use for carriage returns);
+nothing but errors with ``quiet``. The summary comes last either way.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+__all__ = ["Progress", "Summary"]
+
+
+@dataclass
+class Summary:
+    """The outcome of a run, as counted by its driver."""
+
+    shards: int = 0  # found
+    done: int = 0
+    skipped: int = 0  # already done, per the manifest
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (input, error)
+    not_started: int = 0  # after a stop on error, or an interrupt
+    abandoned: int = 0  # in flight when interrupted
+    rows: int = 0
+    bytes_read: int = 0
+    seconds: float = 0.0
+    interrupted: str | None = None  # "SIGINT" or "SIGTERM"
+    manifest: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every shard is done; 1 when some failed; 130/143 when interrupted."""
+        if self.interrupted is not None:
+            return 143 if self.interrupted == "SIGTERM" else 130
+        return 1 if self.failed else 0
+
+
+class Progress:
+    """Reports a run on ``stream``: a bar if it is a terminal (or ``bar=True``), else lines."""
+
+    def __init__(
+        self, *, quiet: bool = False, stream: TextIO | None = None, bar: bool | None = None
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.quiet = quiet
+        if bar is None:
+            bar = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.bar_wanted = bar and not quiet
+        self._bar: Any = None
+        self._total = 0
+        self._count = 0
+        self._rows = 0
+        self._started = time.monotonic()
+
+    def start(self, todo: int, skipped: int, stale: int) -> None:
+        self._total, self._started = todo, time.monotonic()
+        if self.quiet:
+            return
+        if skipped or stale:
+            self._line(
+                f"{skipped} shard(s) already done per the manifest, skipped; "
+                f"{stale} stale temporary file(s) removed"
+            )
+        if self.bar_wanted:
+            self._bar = tqdm(
+                total=todo, unit="shard", desc="prep run", file=self.stream, dynamic_ncols=True
+            )
+
+    def done(self, entry: dict[str, Any]) -> None:
+        self._count += 1
+        self._rows += int(entry["rows"])
+        if self.quiet:
+            return
+        if self._bar is not None:
+            rate = self._rows / max(time.monotonic() - self._started, 1e-9)
+            self._bar.set_postfix_str(f"{self._rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+            self._bar.update(1)
+        else:
+            self._line(
+                f"[{self._count}/{self._total}] {entry['input']}: {entry['rows']:,} rows "
+                f"in {entry['seconds']:.2f} s"
+            )
+
+    def failed(self, name: str, error: str) -> None:
+        self._count += 1
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.write(f"prep run: {name} FAILED: {error}", file=self.stream)
+        elif not self.quiet:
+            self._line(f"[{self._count}/{self._total}] {name} FAILED: {error}")
+
+    def finish(self, s: Summary) -> None:
+        """Close the bar and print the summary (failures even when quiet)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if not self.quiet:
+            mb = s.bytes_read / 1e6
+            secs = max(s.seconds, 1e-9)
+            self._line(
+                f"{s.shards} shard(s): {s.done} done, {s.skipped} skipped, {len(s.failed)} "
+                f"failed, {s.not_started + s.abandoned} not finished; {s.rows:,} rows; "
+                f"{mb:,.1f} MB read in {s.seconds:.2f} s ({mb / secs:,.1f} MB/s, "
+                f"{s.rows / secs:,.0f} rows/s)"
+            )
+        if s.failed:
+            self._line(f"{len(s.failed)} shard(s) failed:")
+            for name, error in s.failed:
+                print(f"  {name}: {error}", file=self.stream)
+        if s.interrupted is not None:
+            self._line(
+                f"interrupted by {s.interrupted}: {s.abandoned} shard(s) in flight abandoned "
+                f"(temporary files removed); the {s.done} finished are recorded in "
+                f"{s.manifest}; rerun with --resume to finish"
+            )
+        elif s.failed and s.not_started:
+            self._line(
+                f"stopped after the first failure; {s.not_started} shard(s) not started. "
+                f"Fix the failure and rerun with --resume, or pass --on-error skip"
+            )
+
+    def _line(self, text: str) -> None:
+        print(f"prep run: {text}", file=self.stream, flush=True)

@@ -1,0 +1,273 @@
+"""The ``prep`` command line: parses arguments and calls the library, nothing more.
+
+    prep run INPUT... --out DIR --fn MODULE:FUNCTION [--arg KEY=VALUE ...] [...]
+    prep make-shards --out DIR [--shards N --rows N --seq L --dim F --seed S]
+    prep info [--json]
+
+Each command is one entry of :data:`COMMANDS`: its help line, a function that
+adds its arguments to its subparser, and its handler (``Namespace -> exit code``).
+Exit codes: 0 done; 1 some shard failed; 2 bad arguments or settings;
+130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from .errors import PrepError
+
+__all__ = ["COMMANDS", "Command", "main", "parse_value"]
+
+
+class Command(NamedTuple):
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    handle: Callable[[argparse.Namespace], int]
+
+
+# ------------------------------------------------------------------ argument types
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (>= 1)")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; pass an integer >= 0")
+    return value
+
+
+def parse_value(text: str) -> bool | int | float | str:
+    """A ``--arg`` value: ``true``/``false`` (any case), an int, a float, else the string."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KEY=VALUE with KEY a Python identifier; e.g. --arg max_len=16"
+        )
+    return key, parse_value(value)
+
+
+def _columns(text: str) -> tuple[str, ...]:
+    names = tuple(c.strip() for c in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty column name; e.g. --columns x,mask"
+        )
+    return names
+
+
+# ------------------------------------------------------------------ prep run
+
+
+def _configure_run(p: argparse.ArgumentParser) -> None:
+    from .executors import REGISTRY
+
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help=".pt/.safetensors files or folders")
+    p.add_argument("--out", required=True, type=Path, help="output folder (and its manifest)")
+    p.add_argument("--fn", required=True, help="the row function, MODULE:FUNCTION")
+    p.add_argument(
+        "--arg",
+        action="append",
+        type=_arg,
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument bound to the function (int, float, true/false or text)",
+    )
+    p.add_argument(
+        "--columns",
+        type=_columns,
+        help="comma-separated tensors passed positionally in this order "
+        "(default: all of them, by name)",
+    )
+    p.add_argument("--executor", default="auto", choices=[*REGISTRY, "auto"])
+    p.add_argument("--workers", type=_positive, help="row workers inside a shard")
+    p.add_argument(
+        "--jobs",
+        type=_positive,
+        help="shards in flight at once (default 1; with --cluster, one per worker thread)",
+    )
+    p.add_argument("--device", help="where the function runs, e.g. cpu or cuda")
+    p.add_argument(
+        "--format", choices=["pt", "safetensors"], help="output format (default: the input's)"
+    )
+    p.add_argument("--resume", action="store_true", help="skip the shards the manifest proves done")
+    p.add_argument("--on-error", choices=["stop", "skip"], default="stop")
+    p.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="Dask scheduler tcp://HOST:PORT, or "
+        "'local' for a LocalCluster here (needs prep[dask])",
+    )
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="load .pt files with "
+        "weights_only=False: runs any code in them; only for files you trust",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress or summary")
+
+
+def _run(ns: argparse.Namespace) -> int:
+    from ._progress import Progress
+    from .api import shutdown
+    from .jobs import RunConfig, run_shards, sigterm_raises
+
+    keys = [k for k, _ in ns.arg]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise _Usage(f"--arg {', '.join(dupes)} given more than once")
+    # `python -m prep` can import --fn modules from the current folder; the `prep` script too
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    config = RunConfig(
+        fn=ns.fn,
+        args=dict(ns.arg),
+        columns=ns.columns,
+        executor=ns.executor,
+        workers=ns.workers,
+        device=ns.device,
+        format=ns.format,
+        trust_pickle=ns.trust_pickle,
+    )
+    try:
+        with sigterm_raises():
+            summary = run_shards(
+                ns.inputs,
+                ns.out,
+                config,
+                jobs=ns.jobs,
+                on_error=ns.on_error,
+                resume=ns.resume,
+                cluster=ns.cluster,
+                progress=Progress(quiet=ns.quiet),
+            )
+    finally:
+        shutdown()  # warm row pools: no worker process outlives the command
+    return summary.exit_code
+
+
+# ------------------------------------------------------------------ prep make-shards
+
+
+def _configure_make(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=Path, help="folder to write the shards to")
+    p.add_argument("--shards", type=_positive, default=4)
+    p.add_argument("--rows", type=_count, default=256, help="rows per shard")
+    p.add_argument("--seq", type=_positive, default=64, help="sequence length L")
+    p.add_argument("--dim", type=_positive, default=16, help="features per token F")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=["pt", "safetensors"], default="pt")
+    p.add_argument("--quiet", action="store_true")
+
+
+def _make(ns: argparse.Namespace) -> int:
+    from .shards import make_shards
+
+    paths = make_shards(
+        ns.out, shards=ns.shards, rows=ns.rows, seq=ns.seq, dim=ns.dim, seed=ns.seed, fmt=ns.format
+    )
+    if not ns.quiet:
+        size = sum(p.stat().st_size for p in paths) / 1e6
+        print(f"wrote {len(paths)} shard(s), {size:,.1f} MB, to {ns.out}")
+    return 0
+
+
+# ------------------------------------------------------------------ prep info
+
+
+def _configure_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--workers", type=_positive, help="show threads per worker for this many")
+
+
+def _info(ns: argparse.Namespace) -> int:
+    from . import info
+
+    facts = info(ns.workers)
+    if ns.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    shm = facts.pop("shm_free_bytes")
+    facts["shm_free"] = "n/a" if shm is None else f"{shm / 2**30:.1f} GiB"
+    facts["cuda_devices"] = ", ".join(facts["cuda_devices"]) or "none"
+    width = max(map(len, facts))
+    for key, value in facts.items():
+        print(f"{key.replace('_', ' '):<{width}}  {value}")
+    return 0
+
+
+# ------------------------------------------------------------------ dispatch
+
+#: command name -> Command; adding a command is adding an entry
+COMMANDS: dict[str, Command] = {
+    "run": Command("transform a folder of tensor shards with a row function", _configure_run, _run),
+    "make-shards": Command("write a synthetic data set of shards", _configure_make, _make),
+    "info": Command(
+        "what this machine offers prep (cores, threads, shm, CUDA)", _configure_info, _info
+    ),
+}
+
+
+class _Usage(Exception):
+    """Bad arguments found after parsing: reported like argparse's own errors."""
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="prep", description="Preprocess tensors with a per-row function, fast and safely."
+    )
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, command in COMMANDS.items():
+        command.configure(sub.add_parser(name, help=command.help, description=command.help))
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code (see the module docstring)."""
+    top = parser()
+    try:
+        ns = top.parse_args(argv)
+    except SystemExit as exc:  # --help, or argparse's usage error
+        return int(exc.code or 0)
+    prog = f"prep {ns.command}"
+    try:
+        return COMMANDS[ns.command].handle(ns)
+    except _Usage as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except PrepError as exc:
+        code = 2 if isinstance(exc, ValueError) else 1  # ConfigError is a ValueError
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt as exc:
+        from .jobs import Terminated
+
+        return 143 if isinstance(exc, Terminated) else 130

@@ -1,0 +1,297 @@
+"""``prep run``: every shard through a row function, once, durably, resumably.
+
+    driver (this process)                          a slot: a thread here, or a Dask worker
+    ─────────────────────                          ───────────────────────────────────────
+    find_shards ─▶ drop those the manifest proves done
+    submit up to `slots` ShardTasks ──────────────▶ run_shard: load ─▶ map_rows ─▶ save
+    done queue ◀──── manifest entry, or the exception ─┘
+    append the entry (fsync) ─▶ progress ─▶ submit the next
+    Ctrl-C / SIGTERM ─▶ abandon the tasks in flight (temp files removed) ─▶ re-raise
+
+Locally, shards run in threads of this process (``jobs`` of them), not in
+processes: the work inside a shard is torch kernels and file I/O, which release
+the GIL, or a row executor with its own worker processes (``workers``). Threads
+need no pickling of shards and let the driver remove every temporary file
+itself when interrupted, with no second level of processes to orphan. Each
+thread slot has its own :class:`prep.Pool`, since one executor must not run
+two batches at once. A pure-Python row function gets its parallelism from
+``executor="processes"`` inside each shard.
+
+With ``cluster`` the same tasks go to a Dask scheduler (:mod:`prep._dask`); the
+workers read and write the files, so they must see the same paths (a shared
+filesystem), and the driver alone writes the manifest.
+
+Without ``resume``, an output folder whose manifest has entries is refused:
+a second run would otherwise silently mix two runs' outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from ._progress import Progress, Summary
+from .api import Pool
+from .errors import ConfigError
+from .manifest import Manifest
+from .shards import FORMATS, Temps, find_shards, remove_stale_temps
+from .task import RunConfig, ShardTask, load_fn, run_shard
+
+__all__ = ["ON_ERROR", "RunConfig", "Summary", "Terminated", "run_shards", "sigterm_raises"]
+
+ON_ERROR = ("stop", "skip")
+_POLL = 0.25  # seconds between checks of the done queue
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread the way Ctrl-C raises KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """Ignore a second Ctrl-C or SIGTERM while the first one's cleanup runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class Backend(Protocol):
+    """Where tasks run: ``slots`` at a time; each finished one lands on the done queue."""
+
+    slots: int
+
+    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None: ...
+
+    def abandon(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """``jobs`` shards at once in daemon threads, each slot with its own ``prep.Pool``."""
+
+    def __init__(self, config: RunConfig, jobs: int) -> None:
+        self.slots = jobs
+        self._pools: list[Pool] = [
+            Pool(config.executor, config.workers, config.device) for _ in range(jobs)
+        ]
+        self._free: queue.SimpleQueue[Pool] = queue.SimpleQueue()
+        for pool in self._pools:
+            self._free.put(pool)
+        self._cancel = threading.Event()
+        self._temps = Temps()
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
+        def work() -> None:
+            pool = self._free.get()
+            try:
+                outcome: Any = run_shard(task, pool, self._cancel, self._temps)
+            except BaseException as exc:  # reported by the driver, never lost in a thread
+                outcome = exc
+            finally:
+                self._free.put(pool)
+            done.put((task, outcome))
+
+        # daemon: a thread stuck in a long row loop must not keep an interrupted run alive
+        t = threading.Thread(target=work, name=f"prep-shard:{task.source.rel}", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()]
+        self._threads.append(t)
+        t.start()
+
+    def abandon(self, grace: float = 5.0) -> None:
+        """Stop at the next step; remove temporary files; stop process workers mid-row."""
+        self._cancel.set()
+        self._temps.abandon()  # from here on no temp file is created or renamed into place
+        for pool in self._pools:
+            pool.close()
+        deadline = time.monotonic() + grace
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        for t in self._threads:
+            t.join()
+        for pool in self._pools:
+            pool.close()
+
+
+def _backend(config: RunConfig, jobs: int | None, cluster: str | None) -> Backend:
+    if cluster is not None:
+        from ._dask import DaskBackend  # Dask is an optional extra: import only when asked
+
+        return DaskBackend(cluster, jobs)
+    return LocalBackend(config, jobs or 1)
+
+
+def _check(config: RunConfig, jobs: int | None, on_error: str) -> None:
+    if on_error not in ON_ERROR:
+        raise ConfigError(f"on_error={on_error!r} is not one of {', '.join(map(repr, ON_ERROR))}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ConfigError(f"jobs={jobs!r} is not a positive integer; pass jobs >= 1")
+    if config.format is not None and config.format not in FORMATS.values():
+        choices = ", ".join(map(repr, FORMATS.values()))
+        raise ConfigError(f"format={config.format!r} is not one of {choices} (or None)")
+    load_fn(config.fn)  # fail before any work when the function cannot be imported
+
+
+def _prepare_out(out: Path, inputs: Iterable[str | os.PathLike[str]]) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a folder; pass a folder path")
+    target = out.resolve()
+    for given in inputs:
+        src = Path(given).resolve()
+        if target == src or src in target.parents or target in src.parents:
+            raise ConfigError(
+                f"--out {str(out)!r} and input {str(given)!r} overlap; the outputs would be "
+                f"read as inputs (or overwrite them). Use sibling folders, e.g. data/raw and "
+                f"data/ready"
+            )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {str(out)!r} cannot be created ({exc}); pick another") from exc
+
+
+def run_shards(
+    inputs: Iterable[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    config: RunConfig,
+    *,
+    jobs: int | None = None,
+    on_error: str = "stop",
+    resume: bool = False,
+    cluster: str | None = None,
+    progress: Progress | None = None,
+) -> Summary:
+    """Process every shard under ``inputs`` into ``out``; returns the :class:`Summary`.
+
+    ``jobs``: shards in flight at once (default 1 locally; on a cluster, one per
+    worker thread). ``on_error="stop"`` finishes the shards in flight and starts
+    no more after a failure; ``"skip"`` goes on. ``resume`` skips the shards the
+    manifest proves done. ``cluster``: a Dask scheduler address, or ``"local"``.
+    Ctrl-C (and SIGTERM under :func:`sigterm_raises`) abandons the shards in
+    flight, removes their temporary files and re-raises.
+
+    >>> import tempfile, prep.shards
+    >>> from prep.jobs import RunConfig, run_shards
+    >>> data, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+    >>> _ = prep.shards.make_shards(data, shards=2, rows=8, seq=6, dim=2)
+    >>> config = RunConfig("prep.ops:side_context_row", {"max_len": 3})
+    >>> s = run_shards([data], out, config)
+    >>> (s.done, s.rows, s.exit_code)
+    (2, 16, 0)
+    """
+    inputs = list(inputs)
+    _check(config, jobs, on_error)
+    shards = find_shards(inputs)
+    folder = Path(out)
+    _prepare_out(folder, inputs)
+    manifest = Manifest(folder)
+    previous = manifest.entries()
+    if previous and not resume:
+        raise ConfigError(
+            f"--out {str(folder)!r} holds the manifest of an earlier run ({len(previous)} "
+            f"shard(s) done); pass --resume to finish that run, or choose a new --out"
+        )
+    stale = remove_stale_temps(folder)
+    recipe = config.recipe()
+    todo = deque(
+        ShardTask(s, folder, config)
+        for s in shards
+        if not manifest.is_done(previous.get(s.rel), s, recipe)
+    )
+    progress = progress or Progress(quiet=True)
+    summary = Summary(
+        shards=len(shards), skipped=len(shards) - len(todo), manifest=str(manifest.path)
+    )
+    started = time.monotonic()
+    backend = _backend(config, jobs, cluster)
+    progress.start(len(todo), summary.skipped, len(stale))
+    try:
+        _drive(backend, todo, manifest, on_error, progress, summary)
+    except KeyboardInterrupt as exc:
+        with _shielded():
+            summary.interrupted = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+            summary.not_started = len(todo)
+            backend.abandon()
+            remove_stale_temps(folder)  # a Dask worker's, which this process cannot track
+        raise
+    finally:
+        summary.seconds = time.monotonic() - started
+        with _shielded():
+            if summary.interrupted is None:
+                backend.close()
+            manifest.close()
+            progress.finish(summary)
+    return summary
+
+
+def _drive(
+    backend: Backend,
+    todo: deque[ShardTask],
+    manifest: Manifest,
+    on_error: str,
+    progress: Progress,
+    summary: Summary,
+) -> None:
+    """Keep ``backend.slots`` tasks in flight; record each result as it lands."""
+    done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    in_flight = 0
+    stopping = False
+    while True:
+        while todo and in_flight < backend.slots and not stopping:
+            backend.submit(todo.popleft(), done)
+            in_flight += 1
+            summary.abandoned = in_flight
+        if in_flight == 0:
+            break
+        try:
+            task, outcome = done.get(timeout=_POLL)  # a timeout lets signals in
+        except queue.Empty:
+            continue
+        in_flight -= 1
+        summary.abandoned = in_flight
+        if isinstance(outcome, BaseException):
+            error = f"{type(outcome).__name__}: {outcome}"
+            summary.failed.append((task.source.rel, error))
+            progress.failed(task.source.rel, error)
+            stopping = stopping or on_error == "stop"
+        else:
+            manifest.append(outcome)
+            summary.done += 1
+            summary.rows += outcome["rows"]
+            summary.bytes_read += outcome["input_size"]
+            progress.done(outcome)
+    summary.not_started = len(todo)

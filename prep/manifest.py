@@ -1,0 +1,109 @@
+"""The manifest of a ``prep run``: one JSON line per finished shard, appended durably.
+
+``manifest.jsonl`` lives in the output folder. The run's driver is its only
+writer; each line is written, flushed and fsynced once the shard's output is
+renamed into place, so a crash loses at most the shard in flight. A crash in
+the middle of an append leaves a torn last line, which :meth:`Manifest.open`
+cuts off before appending again.
+
+One entry (schema 1; keys sorted when written)::
+
+    {"schema": 1,
+     "input": "sub/a.pt", "input_size": 123, "input_mtime_ns": 1700000000000000000,
+     "output": "sub/a.pt", "output_size": 45, "output_sha256": "9f...",
+     "rows": 1024, "fn": "prep.ops:side_context_row", "args": {"max_len": 16},
+     "columns": null, "prep": "0.1.0", "torch": "2.13.0",
+     "seconds": 0.41, "finished": "2025-01-01T12:00:00Z"}
+
+A shard counts as done (and ``--resume`` skips it) only when its latest entry
+matches the input's current size and mtime, the same ``fn``, ``args`` and
+``columns``, and the output file's current sha256. Versions and timings are
+recorded, not compared: executors agree bit for bit, so the executor, the
+worker count and the device are not part of the match either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from .shards import ShardFile, sha256_file
+
+__all__ = ["NAME", "SCHEMA", "Manifest"]
+
+NAME = "manifest.jsonl"
+SCHEMA = 1
+#: the fields that say which computation produced an output
+RECIPE = ("fn", "args", "columns")
+
+
+class Manifest:
+    """Read and append the manifest of one output folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.path = folder / NAME
+        self._file: IO[str] | None = None
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """The latest entry per input (later lines win); torn or foreign lines are skipped."""
+        latest: dict[str, dict[str, Any]] = {}
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return latest
+        for line in text.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a torn last line from a crash mid-append
+            if isinstance(entry, dict) and entry.get("schema") == SCHEMA and "input" in entry:
+                latest[entry["input"]] = entry
+        return latest
+
+    def is_done(
+        self, entry: Mapping[str, Any] | None, shard: ShardFile, recipe: Mapping[str, Any]
+    ) -> bool:
+        """Whether ``entry`` proves that ``shard``'s output under this folder is current."""
+        if entry is None or any(entry.get(k) != recipe[k] for k in RECIPE):
+            return False
+        try:
+            st = shard.path.stat()
+        except OSError:
+            return False
+        if (entry.get("input_size"), entry.get("input_mtime_ns")) != (st.st_size, st.st_mtime_ns):
+            return False
+        output = self.folder / str(entry.get("output", ""))
+        try:
+            return output.is_file() and sha256_file(output) == entry.get("output_sha256")
+        except OSError:
+            return False
+
+    def open(self) -> IO[str]:
+        """Open for appending, cutting off a torn last line first."""
+        if self._file is not None:
+            return self._file
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                with open(self.path, "r+b") as f:
+                    f.truncate(data.rfind(b"\n") + 1)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held for the run)
+        return self._file
+
+    def append(self, entry: Mapping[str, Any]) -> None:
+        """Add one entry durably (written, flushed and fsynced before returning)."""
+        f = self._file or self.open()
+        f.write(json.dumps(dict(entry), sort_keys=True, separators=(",", ":")) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+    def close(self) -> None:
+        """Close the file. It is safe to call this several times."""
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()

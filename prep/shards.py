@@ -1,0 +1,376 @@
+"""Shard files: find them, load them without trusting them, save them atomically.
+
+A shard is one file holding a dict of named tensors that share dim 0 (the rows):
+``.pt`` (``torch.save`` of a dict) or ``.safetensors``.
+
+Loading trusts nothing. ``.pt`` goes through ``torch.load(weights_only=True)``,
+whose unpickler builds tensors and plain containers and refuses everything
+else; a refusal is never retried unsafely (only ``trust_pickle=True`` loads
+arbitrary pickles). Whatever goes wrong comes out as :class:`~prep.ShardError`
+naming the file and the problem.
+
+Saving never leaves a truncated file under a final name::
+
+    tensors ─serialize─▶ .{name}.tmp-{pid}-{random}   (same folder, so same filesystem)
+            ─flush, fsync─▶ os.replace(tmp, name) ─fsync(folder)─▶ durable
+
+and the bytes are a function of the tensors alone: ``torch.save`` to a *path*
+names the zip's root folder after the file (a temporary name would leak into
+the bytes), so it writes to a file object, whose root is always ``archive/``;
+views are compacted first, since ``torch.save`` of a view writes its whole
+storage. Two saves of equal dicts are byte-identical, in any process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import threading
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import safetensors.torch
+import torch
+from torch import Tensor
+
+from .errors import ConfigError, ShardError
+
+__all__ = [
+    "FORMATS",
+    "ShardFile",
+    "Temps",
+    "compact",
+    "find_shards",
+    "make_shards",
+    "load_shard",
+    "remove_stale_temps",
+    "save_shard",
+    "sha256_file",
+]
+
+#: file suffix -> format name
+FORMATS: dict[str, str] = {".pt": "pt", ".safetensors": "safetensors"}
+_SUFFIX = {name: suffix for suffix, name in FORMATS.items()}
+_TEMP = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
+
+
+class Cancelled(Exception):
+    """The run was abandoned (Ctrl-C, SIGTERM) while this shard was in flight."""
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """An input shard: where it is, and its path relative to the input it was found under."""
+
+    path: Path
+    rel: str  # POSIX-style, the key of the manifest and the output's place under --out
+
+    @property
+    def format(self) -> str:
+        return FORMATS[self.path.suffix]
+
+    def output(self, out: Path, fmt: str | None = None) -> tuple[Path, str]:
+        """The output's path and its ``rel`` under ``out`` (suffix changed for ``fmt``)."""
+        rel = self.rel
+        if fmt is not None and fmt != self.format:
+            rel = rel[: -len(self.path.suffix)] + _SUFFIX[fmt]
+        return out / rel, rel
+
+
+def find_shards(inputs: Iterable[str | os.PathLike[str]]) -> list[ShardFile]:
+    """The shards named by ``inputs``: files as given, folders searched recursively (sorted)."""
+    found: dict[str, ShardFile] = {}
+    for given in inputs:
+        root = Path(given)
+        if root.is_dir():
+            files = sorted(p for p in root.rglob("*") if p.suffix in FORMATS and p.is_file())
+            pairs = [(p, p.relative_to(root).as_posix()) for p in files]
+        elif root.is_file():
+            if root.suffix not in FORMATS:
+                raise ConfigError(
+                    f"input {str(root)!r} is not a shard: expected a folder or a file ending "
+                    f"in {' or '.join(FORMATS)}"
+                )
+            pairs = [(root, root.name)]
+        else:
+            raise ConfigError(f"input {str(root)!r} does not exist; check the path")
+        for path, rel in pairs:
+            if rel in found and found[rel].path.resolve() != path.resolve():
+                raise ConfigError(
+                    f"inputs {str(found[rel].path)!r} and {str(path)!r} would both be written "
+                    f"to {rel!r} under --out; run them separately or rename one"
+                )
+            found[rel] = ShardFile(path, rel)
+    if not found:
+        names = ", ".join(repr(str(i)) for i in inputs) or "(none)"
+        raise ConfigError(f"no {' or '.join(FORMATS)} files found in {names}")
+    return list(found.values())
+
+
+# ------------------------------------------------------------------ loading
+
+
+def load_shard(path: Path, *, trust_pickle: bool = False) -> dict[str, Tensor]:
+    """The shard's tensors by name, on the CPU; :class:`~prep.ShardError` if it is not one."""
+    try:
+        if path.suffix == ".safetensors":
+            tensors: Any = safetensors.torch.load_file(path)
+        else:
+            tensors = _load_pt(path, trust_pickle)
+    except ShardError:
+        raise
+    except FileNotFoundError:
+        raise ShardError(f"{path}: the file disappeared before it was read") from None
+    except Exception as exc:
+        raise ShardError(f"{path}: cannot be read as a shard ({_why(exc, trust_pickle)})") from exc
+    if not isinstance(tensors, Mapping):
+        raise ShardError(
+            f"{path}: holds a {type(tensors).__name__}, expected a dict of named tensors"
+        )
+    bad = {
+        k: type(v).__name__
+        for k, v in tensors.items()
+        if not (isinstance(k, str) and isinstance(v, Tensor))
+    }
+    if bad:
+        raise ShardError(
+            f"{path}: entries {bad} are not tensors under string names; a shard is a dict "
+            f"of str -> Tensor"
+        )
+    if not tensors:
+        raise ShardError(f"{path}: holds an empty dict, expected at least one tensor")
+    return dict(tensors)
+
+
+def _load_pt(path: Path, trust_pickle: bool) -> Any:
+    # mmap maps the file instead of reading it: an op that reads a few positions
+    # per row then touches only those pages. Only zip-format files can be mapped.
+    mmap = zipfile.is_zipfile(path)
+    return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=mmap)
+
+
+def _why(exc: Exception, trust_pickle: bool) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not trust_pickle and "Weights only load failed" in str(exc):
+        return (
+            "its pickle holds objects other than tensors and containers, which "
+            "torch.load(weights_only=True) refuses; if you trust the file's source, "
+            "pass --trust-pickle"
+        )
+    if "central directory" in text or "zip archive" in text:
+        return f"truncated or not a torch.save file: {text}"
+    return f"{type(exc).__name__}: {text}"
+
+
+# ------------------------------------------------------------------ saving
+
+
+def compact(t: Tensor) -> Tensor:
+    """``t`` contiguous on the CPU, owning exactly its bytes (a view's storage may be larger)."""
+    t = t.detach().cpu().contiguous()
+    if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
+class Temps:
+    """The temporary files of shards in flight, so an abandoned run can remove them.
+
+    After :meth:`abandon`, no new temporary file is created and none is renamed
+    into place: an interrupted run leaves only complete outputs behind.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[Path] = set()
+        self._abandoned = False
+
+    def new(self, final: Path) -> Path:
+        with self._lock:
+            if self._abandoned:
+                raise Cancelled(f"{final}: the run was abandoned")
+            tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+            self._live.add(tmp)
+            return tmp
+
+    def replace(self, tmp: Path, final: Path) -> None:
+        with self._lock:
+            if self._abandoned:
+                raise Cancelled(f"{final}: the run was abandoned")
+            os.replace(tmp, final)
+            self._live.discard(tmp)
+
+    def forget(self, tmp: Path) -> None:
+        with self._lock:
+            self._live.discard(tmp)
+        tmp.unlink(missing_ok=True)
+
+    def abandon(self) -> list[Path]:
+        """Remove every temporary file in flight; refuse new ones. Returns those removed."""
+        with self._lock:
+            self._abandoned = True
+            live, self._live = sorted(self._live), set()
+        for tmp in live:
+            tmp.unlink(missing_ok=True)
+        return live
+
+
+class _Hashing:
+    """A write-only file object that hashes what passes through it."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.sha.update(data)
+        self.size += memoryview(data).nbytes
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _write_pt(tensors: dict[str, Tensor], f: _Hashing) -> None:
+    torch.save(tensors, f)
+
+
+def _write_safetensors(tensors: dict[str, Tensor], f: _Hashing) -> None:
+    f.write(safetensors.torch.save(tensors))
+
+
+_WRITERS: dict[str, Callable[[dict[str, Tensor], _Hashing], None]] = {
+    "pt": _write_pt,
+    "safetensors": _write_safetensors,
+}
+
+
+def save_shard(
+    tensors: Mapping[str, Tensor], path: Path, fmt: str, temps: Temps | None = None
+) -> tuple[str, int]:
+    """Write ``tensors`` to ``path`` atomically and durably; returns (sha256 hex, size).
+
+    Tensors are compacted (:func:`compact`) and written in the mapping's order.
+    Parent folders are created. ``temps`` tracks the temporary file so that an
+    abandoned run can remove it.
+    """
+    if fmt not in _WRITERS:
+        raise ConfigError(f"format={fmt!r} is not one of {', '.join(map(repr, _WRITERS))}")
+    tensors = _owning(tensors)
+    temps = temps if temps is not None else Temps()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temps.new(path)
+    try:
+        with open(tmp, "xb") as raw:
+            out = _Hashing(raw)
+            _WRITERS[fmt](tensors, out)
+            raw.flush()
+            os.fsync(raw.fileno())
+        temps.replace(tmp, path)
+    except BaseException:
+        temps.forget(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return out.sha.hexdigest(), out.size
+
+
+def _owning(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Compacted tensors, none sharing storage (safetensors refuses shared storage)."""
+    seen: set[int] = set()
+    owned = {}
+    for name, t in tensors.items():
+        t = compact(t)
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen and t.numel():
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        owned[name] = t
+    return owned
+
+
+def _fsync_dir(folder: Path) -> None:
+    # the rename is only durable once the folder's entry is on disk too
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Delete temporary files a crashed run left under ``folder``; returns them."""
+    stale = [p for p in folder.rglob(".*.tmp-*") if _TEMP.match(p.name) and p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+# ------------------------------------------------------------------ synthetic data
+
+
+def make_shards(
+    out: str | os.PathLike[str],
+    *,
+    shards: int = 4,
+    rows: int = 256,
+    seq: int = 64,
+    dim: int = 16,
+    seed: int = 0,
+    fmt: str = "pt",
+) -> list[Path]:
+    """Write a synthetic data set of token features with one masked span per row.
+
+    Each shard holds ``x`` ``[rows, seq, dim]`` float32, ``mask`` ``[rows, seq]``
+    bool (one contiguous span inside the row's valid length; about one row in
+    ten has none) and ``length`` ``[rows]`` int64 (valid positions, at least
+    ``seq // 2``): the keyword names of :func:`prep.ops.side_context_row`, so a
+    shard is a ready dict batch for it. The same arguments give the same bytes.
+
+    >>> import tempfile, prep.shards
+    >>> paths = prep.shards.make_shards(tempfile.mkdtemp(), shards=2, rows=8, seq=6, dim=2)
+    >>> [p.name for p in paths]
+    ['shard-00000.pt', 'shard-00001.pt']
+    """
+    for name, value, low in (
+        ("shards", shards, 1),
+        ("rows", rows, 0),
+        ("seq", seq, 1),
+        ("dim", dim, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name}={value!r} is not an integer >= {low}")
+    if fmt not in _SUFFIX:
+        raise ConfigError(f"format={fmt!r} is not one of {', '.join(map(repr, _SUFFIX))}")
+    folder = Path(out)
+    gen = torch.Generator().manual_seed(seed)
+    paths = []
+    for i in range(shards):
+        path = folder / f"shard-{i:05d}{_SUFFIX[fmt]}"
+        save_shard(_synthetic(rows, seq, dim, gen), path, fmt)
+        paths.append(path)
+    return paths
+
+
+def _synthetic(rows: int, seq: int, dim: int, gen: torch.Generator) -> dict[str, Tensor]:
+    x = torch.randn(rows, seq, dim, generator=gen)
+    length = torch.randint(seq // 2, seq + 1, (rows,), generator=gen).clamp_(min=1)
+    start = (torch.rand(rows, generator=gen) * length).long()
+    stop = torch.minimum(start + torch.randint(1, 4, (rows,), generator=gen), length)
+    pos = torch.arange(seq)
+    mask = (pos >= start[:, None]) & (pos < stop[:, None])
+    mask &= (torch.rand(rows, generator=gen) >= 0.1)[:, None]  # some rows have no span
+    return {"x": x, "mask": mask, "length": length}

@@ -1,0 +1,197 @@
+"""One shard's work, wherever it runs (a thread of ``prep run``, or a Dask worker).
+
+    ShardTask ─▶ stat ─▶ load_shard (weights_only) ─▶ the batch (dict, or --columns tuple)
+              ─▶ map_rows(fn, batch) ─▶ result dict (out / out0.. / its keys)
+              ─▶ save_shard (temp, fsync, rename) ─▶ manifest entry (returned, not written)
+
+Everything a task needs travels in it (paths, the function's *name*, its
+arguments), so it pickles small; the function is imported where it runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import __version__
+from .api import Pool, map_rows
+from .errors import ConfigError, ShardError
+from .manifest import SCHEMA
+from .shards import Cancelled, ShardFile, Temps, load_shard, save_shard
+
+__all__ = ["RunConfig", "ShardTask", "load_fn", "run_shard"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to compute on each shard (how many shards at once is not part of it)."""
+
+    fn: str  # "module:function", imported where the shard runs
+    args: Mapping[str, Any] = field(default_factory=dict)  # bound with functools.partial
+    columns: tuple[str, ...] | None = None  # positional, in this order; None: all, by name
+    executor: str = "auto"
+    workers: int | None = None
+    device: str | None = None
+    format: str | None = None  # "pt" or "safetensors"; None: the input's
+    trust_pickle: bool = False
+
+    def recipe(self) -> dict[str, Any]:
+        """The fields that say which computation made an output (see :mod:`prep.manifest`)."""
+        columns = list(self.columns) if self.columns is not None else None
+        return {"fn": self.fn, "args": dict(self.args), "columns": columns}
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One shard to process: everything a thread or a Dask worker needs."""
+
+    source: ShardFile
+    out: Path  # the output folder
+    config: RunConfig
+
+
+def load_fn(spec: str) -> Callable[..., Any]:
+    """Import ``module:function`` (the function may be dotted: ``module:Class.method``)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ConfigError(f"--fn {spec!r} is not MODULE:FUNCTION; e.g. prep.ops:side_context_row")
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"--fn {spec!r}: cannot import module {module!r} ({exc}); is it installed, or "
+            f"in the current folder?"
+        ) from exc
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"--fn {spec!r}: module {module!r} has no {name!r}") from None
+    if not callable(obj):
+        raise ConfigError(f"--fn {spec!r} is a {type(obj).__name__}, expected a function")
+    return obj
+
+
+@functools.lru_cache(maxsize=8)
+def _bound(spec: str, args: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
+    fn = load_fn(spec)
+    return functools.partial(fn, **dict(args)) if args else fn
+
+
+def _batch(
+    tensors: dict[str, Tensor], columns: tuple[str, ...] | None, path: Path
+) -> tuple[Any, int]:
+    """The shard as a ``map_rows`` batch (a dict, or a tuple in ``columns`` order) and its rows."""
+    if columns is not None:
+        missing = [c for c in columns if c not in tensors]
+        if missing:
+            raise ShardError(
+                f"{path}: has no column {', '.join(map(repr, missing))}; it has "
+                f"{', '.join(map(repr, tensors))}; pick others with --columns"
+            )
+        chosen = {c: tensors[c] for c in columns}
+    else:
+        chosen = tensors
+    rows = {name: (t.shape[0] if t.dim() else None) for name, t in chosen.items()}
+    if None in rows.values() or len(set(rows.values())) != 1:
+        sizes = ", ".join(f"{n}: {r if r is not None else '0-d'}" for n, r in rows.items())
+        raise ShardError(
+            f"{path}: the columns must share dim 0 (one entry per row), got {sizes}; "
+            f"pick the row-aligned ones with --columns"
+        )
+    batch = tuple(chosen.values()) if columns is not None else chosen
+    return batch, next(iter(rows.values()))
+
+
+def _named(result: Any, spec: str) -> dict[str, Tensor]:
+    """The function's result as the output shard's dict: ``out``, ``out0..`` or its own keys."""
+    if isinstance(result, Tensor):
+        return {"out": result}
+    if isinstance(result, (tuple, list)) and all(isinstance(t, Tensor) for t in result):
+        return {f"out{i}": t for i, t in enumerate(result)}
+    if isinstance(result, Mapping) and all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in result.items()
+    ):
+        return dict(result)
+    raise TypeError(
+        f"--fn {spec} returned a {type(result).__name__}; to be saved it must return a "
+        f"Tensor, a tuple of Tensors or a dict of str -> Tensor"
+    )
+
+
+def run_shard(
+    task: ShardTask,
+    pool: Pool | None = None,
+    cancel: threading.Event | None = None,
+    temps: Temps | None = None,
+) -> dict[str, Any]:
+    """Process one shard and return its manifest entry (the manifest is the caller's).
+
+    ``pool`` runs the rows (else :func:`prep.map_rows` with the config's executor);
+    ``cancel`` is checked between the steps; ``temps`` tracks the temporary file.
+    """
+    started = time.monotonic()
+    config, src = task.config, task.source
+    before = _stat(src.path)
+    tensors = load_shard(src.path, trust_pickle=config.trust_pickle)
+    batch, rows = _batch(tensors, config.columns, src.path)
+    fn = _bound(config.fn, tuple(sorted(config.args.items())))
+    if config.device is not None and torch.device(config.device).type != "cpu":
+        # compute where the result is wanted: the batched twin then runs on the GPU
+        batch = _to(batch, config.device)
+    _check(cancel, src)
+    if pool is not None:
+        result = pool.map_rows(fn, batch)
+    else:
+        result = map_rows(
+            fn, batch, executor=config.executor, workers=config.workers, device=config.device
+        )
+    _check(cancel, src)
+    if _stat(src.path) != before:  # with mmap the data was read during the call
+        raise ShardError(f"{src.path}: changed while it was read; rerun once it is complete")
+    dest, rel = src.output(task.out, config.format)
+    sha, size = save_shard(_named(result, config.fn), dest, config.format or src.format, temps)
+    return {
+        "schema": SCHEMA,
+        "input": src.rel,
+        "input_size": before[0],
+        "input_mtime_ns": before[1],
+        "output": rel,
+        "output_size": size,
+        "output_sha256": sha,
+        "rows": rows,
+        **config.recipe(),
+        "prep": __version__,
+        "torch": torch.__version__,
+        "seconds": round(time.monotonic() - started, 6),
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ShardError(f"{path}: the file disappeared before it was read") from None
+    return st.st_size, st.st_mtime_ns
+
+
+def _to(batch: Any, device: str) -> Any:
+    if isinstance(batch, dict):
+        return {k: v.to(device) for k, v in batch.items()}
+    return tuple(v.to(device) for v in batch)
+
+
+def _check(cancel: threading.Event | None, src: ShardFile) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled(f"{src.path}: the run was abandoned")
