@@ -8,9 +8,10 @@ torch.Size([4, 3])
 
 from __future__ import annotations
 
+from . import ops
 from ._rowwise import rowwise
 from ._system import info
-from .api import Pool, map_rows, map_samples, shutdown
+from .api import Pool, explain, map_rows, map_samples, shutdown
 from .collate import Collate
 from .errors import (
     BatchTimeout,
@@ -37,9 +38,11 @@ __all__ = [
     "WorkerCrashed",
     "__version__",
     "executors",
+    "explain",
     "info",
     "map_rows",
     "map_samples",
+    "ops",
     "rowwise",
     "shutdown",
 ]

@@ -21,6 +21,7 @@ import torch
 
 from ._rowwise import twin_of
 from ._structure import Output, Result, Rows, SampleRows, TensorRows, rows_of
+from .auto import Auto, Calibration, Calibrator
 from .errors import ConfigError
 from .executors import REGISTRY, Executor, Job, executor_class, resolve_workers
 
@@ -42,7 +43,7 @@ def _choose(executor: str, fn: Callable[..., Any], rows: Rows) -> str:
     """The executor to use for this call (``auto`` and nested-pool fallbacks resolved)."""
     global _warned_fallback
     name = executor
-    if name == AUTO:
+    if name == AUTO and len(rows) == 0:  # nothing to measure: the twin if any
         name = "vectorized" if isinstance(rows, TensorRows) and twin_of(fn) else "serial"
     if name in ("processes", "joblib") and in_worker_process():
         if not _warned_fallback:
@@ -89,6 +90,7 @@ def shutdown() -> None:
     with _warm_lock:
         pools = list(_warm.values())
         _warm.clear()
+        _autos.clear()
     for ex in pools:
         ex.close()
 
@@ -103,7 +105,7 @@ def _batch_device(rows: Rows) -> torch.device:
 
 
 def _run(
-    ex: Executor,
+    ex: Executor | Callable[[Job], Output],
     fn: Callable[..., Any],
     rows: Rows,
     *,
@@ -116,7 +118,7 @@ def _run(
     if n == 0:
         if given is not None:
             return given.result()
-        if ex.per_row:
+        if not isinstance(ex, Executor) or ex.per_row:
             raise ValueError(
                 "the batch has 0 rows, so no row result shows the output's shape; "
                 "pass out= (a preallocated result with 0 rows), or give the "
@@ -132,7 +134,7 @@ def _run(
                 f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
             )
     job = Job(fn, rows, staging, timeout, pin=bound_for_cuda)
-    result = ex.run(job)
+    result = ex.run(job) if isinstance(ex, Executor) else ex(job)
     if given is not None:
         if result is not given:
             for dst, src in zip(given.buffers, result.buffers):
@@ -145,6 +147,52 @@ def _run(
             b if b.device == device else b.to(device, non_blocking=b.is_pinned())
             for b in result.buffers
         ]
+    )
+
+
+def _execute(
+    executor: str,
+    fn: Callable[..., Any],
+    rows: Rows,
+    *,
+    get: Callable[[str], Executor],
+    auto: Auto,
+    workers: int,
+    out: Any,
+    device: torch.device | None,
+    timeout: float | None,
+) -> Result:
+    name = _choose(executor, fn, rows)
+    if name != AUTO:
+        return _run(get(name), fn, rows, out=out, device=device, timeout=timeout)
+    allow = not in_worker_process()
+
+    def calibrated(job: Job) -> Output:
+        return auto.run(job, get, workers, device, allow)[0]
+
+    return _run(calibrated, fn, rows, out=out, device=device, timeout=timeout)
+
+
+_autos: dict[int, Auto] = {}
+
+
+def _module_auto(workers: int) -> Auto:
+    with _warm_lock:
+        return _autos.setdefault(workers, Auto())
+
+
+def _module_call(
+    executor: str, fn: Callable[..., Any], rows: Rows, workers: int | None, **kw: Any
+) -> Result:
+    n_workers = resolve_workers(workers)
+    return _execute(
+        _check_name(executor),
+        fn,
+        rows,
+        get=lambda name: _warm_executor(name, n_workers),
+        auto=_module_auto(n_workers),
+        workers=n_workers,
+        **kw,
     )
 
 
@@ -165,8 +213,9 @@ def map_rows(
     Tensor, a tuple or a dict of Tensors; the result has the same structure with
     a new leading dim of one entry per row, written in place (no list, no
     ``torch.stack``). ``executor`` is one of ``serial``, ``threads``,
-    ``processes``, ``joblib``, ``vectorized`` or ``auto``; ``auto`` for now picks
-    ``vectorized`` when ``fn`` has a batched twin and ``serial`` otherwise.
+    ``processes``, ``joblib``, ``vectorized``, ``vmap`` or ``auto``; ``auto``
+    measures ``fn`` on the first rows of the first batch of each signature and
+    picks the executor it predicts fastest (see :func:`explain`).
     ``out=`` is filled and returned instead of allocating; ``device=`` is where
     the result lands (from pinned memory, ``non_blocking``, for CUDA). Pools for
     ``threads``/``processes``/``joblib`` stay warm between calls; see
@@ -178,10 +227,8 @@ def map_rows(
     tensor([[2, 1, 0],
             [5, 4, 3]])
     """
-    rows = rows_of(batch)
-    name = _choose(_check_name(executor), fn, rows)
-    return _run(
-        _warm_executor(name, workers), fn, rows, out=out, device=_device(device), timeout=timeout
+    return _module_call(
+        executor, fn, rows_of(batch), workers, out=out, device=_device(device), timeout=timeout
     )
 
 
@@ -196,11 +243,34 @@ def map_samples(
     timeout: float | None = None,
 ) -> Result:
     """Like :func:`map_rows`, over a list of arbitrary samples: ``fn(sample)`` for each."""
-    rows = SampleRows(list(samples))
-    name = _choose(_check_name(executor), fn, rows)
-    return _run(
-        _warm_executor(name, workers), fn, rows, out=out, device=_device(device), timeout=timeout
+    return _module_call(
+        executor,
+        fn,
+        SampleRows(list(samples)),
+        workers,
+        out=out,
+        device=_device(device),
+        timeout=timeout,
     )
+
+
+def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -> Calibration:
+    """Calibrate ``auto`` on ``batch`` and return what it measured, predicted and chose.
+
+    Only the calibration rows are computed. ``print()`` the result for a few
+    readable lines; its fields (``predicted``, ``choice``, ...) are there for code.
+
+    >>> import torch, prep
+    >>> print(prep.explain(lambda r: r * 2, torch.ones(64, 3)))  # doctest: +ELLIPSIS
+    auto: 64 rows, ... workers; calibrated on ... rows in ... ms
+    ...
+      choice: ...
+    """
+    rows = batch if isinstance(batch, Rows) else rows_of(batch)
+    n_workers = resolve_workers(workers)
+    job = Job(fn, rows)
+    get = lambda name: _warm_executor(name, n_workers)  # noqa: E731
+    return Calibrator(job, get, n_workers, not in_worker_process()).run()
 
 
 class Pool:
@@ -224,6 +294,7 @@ class Pool:
         self.device = _device(device)
         self.timeout = timeout
         self._executors: dict[str, Executor] = {}
+        self._auto = Auto()
         self._closed = False
 
     def _get(self, name: str) -> Executor:
@@ -236,17 +307,30 @@ class Pool:
 
     def map_rows(self, fn: Callable[..., Any], batch: Any, *, out: Any = None) -> Result:
         """:func:`map_rows` with this pool's executor, workers, device and timeout."""
-        rows = rows_of(batch)
-        ex = self._get(_choose(self.executor, fn, rows))
-        return _run(ex, fn, rows, out=out, device=self.device, timeout=self.timeout)
+        return self._call(fn, rows_of(batch), out)
 
     def map_samples(
         self, fn: Callable[[Any], Any], samples: Sequence[Any], *, out: Any = None
     ) -> Result:
         """:func:`map_samples` with this pool's executor, workers, device and timeout."""
-        rows = SampleRows(list(samples))
-        ex = self._get(_choose(self.executor, fn, rows))
-        return _run(ex, fn, rows, out=out, device=self.device, timeout=self.timeout)
+        return self._call(fn, SampleRows(list(samples)), out)
+
+    def _call(self, fn: Callable[..., Any], rows: Rows, out: Any) -> Result:
+        return _execute(
+            self.executor,
+            fn,
+            rows,
+            get=self._get,
+            auto=self._auto,
+            workers=self.workers,
+            out=out,
+            device=self.device,
+            timeout=self.timeout,
+        )
+
+    def explain(self) -> str:
+        """What ``auto`` measured and chose for each signature this pool has seen."""
+        return "\n\n".join(str(c) for c in self._auto.choices().values()) or "nothing yet"
 
     def close(self) -> None:
         """Stop the pool's threads or processes. It is safe to call this several times."""

@@ -71,6 +71,12 @@ def _error(row: int, exc: BaseException, tag: str = "error") -> tuple[Any, ...]:
     return (tag, row, type(exc).__name__, str(exc), tb, blob)
 
 
+def ready(hold: float) -> int:
+    """A worker's pid, once it has imported torch (this module does), after ``hold`` s."""
+    time.sleep(hold)
+    return os.getpid()
+
+
 def rebuild(blob: bytes | None, name: str, text: str, tb: str) -> BaseException:
     """The worker's exception in the parent, its traceback text as ``__cause__``."""
     exc: BaseException

@@ -11,8 +11,8 @@ which ``processes`` cannot.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import re
+import time
 from typing import Any
 
 import joblib
@@ -31,19 +31,16 @@ class JoblibExecutor(Executor):
         n = len(job.rows)
         if n == 0:
             return job.output  # type: ignore[return-value]
-        if job.timeout is not None and not self._warm():
-            # the timeout is for the rows, not for starting workers (seconds with torch)
-            joblib.Parallel(n_jobs=self.workers, backend="loky")(
-                joblib.delayed(os.getpid)() for _ in range(self.workers)
-            )
+        if job.timeout is not None:
+            # the timeout is for the rows, not for (re)starting loky's workers, which takes
+            # seconds with torch: make sure they are up first (a few ms when they are)
+            self._wait_for_workers()
             job.restart_clock()
         chunks = list(iter_chunks(n, self.workers, per_worker=2, first=job.done))
         tasks = (
             joblib.delayed(_worker.run_chunk)(job.fn, job.rows.take(a, b), a, b) for a, b in chunks
         )
-        parallel = joblib.Parallel(
-            n_jobs=self.workers, backend="loky", return_as="generator", timeout=job.timeout
-        )
+        parallel = _parallel(self.workers, job.timeout)
         errors: list[BaseException] = []
         done = 0
         try:
@@ -61,6 +58,7 @@ class JoblibExecutor(Executor):
                 rows=(a, b),
             ) from exc
         except (TimeoutError, multiprocessing.TimeoutError) as exc:
+            self.close()  # joblib leaves a worker stuck in a hung row running: kill them all
             raise BatchTimeout(
                 f"the batch of {n} rows did not finish within "
                 f"timeout={job.timeout} s; joblib terminated its workers and "
@@ -70,12 +68,14 @@ class JoblibExecutor(Executor):
             raise min(errors, key=lambda e: getattr(e, "row", n))
         return job.output  # type: ignore[return-value]
 
-    def _warm(self) -> bool:
-        from joblib.externals.loky import reusable_executor
-
-        executor = reusable_executor._executor
-        processes = getattr(executor, "_processes", None) or {}
-        return sum(p.is_alive() for p in processes.values()) >= self.workers
+    def _wait_for_workers(self, limit: float = 60.0) -> None:
+        """Return once every worker has imported torch and answered (or after ``limit``)."""
+        seen: set[int] = set()
+        end = time.monotonic() + limit
+        while len(seen) < self.workers and time.monotonic() < end:
+            # each task holds its worker briefly, so the others must take the rest
+            tasks = (joblib.delayed(_worker.ready)(0.02) for _ in range(2 * self.workers))
+            seen.update(_parallel(self.workers, None)(tasks))
 
     def close(self) -> None:
         # joblib's loky workers belong to one executor per interpreter, reused by every
@@ -107,6 +107,11 @@ class JoblibExecutor(Executor):
                 raise StackError(f"rows {start}-{start + len(leaf) - 1} do not match the output")
             buf[start : start + len(leaf)].copy_(leaf)
         return []
+
+
+def _parallel(workers: int, timeout: float | None) -> joblib.Parallel:
+    # one configuration everywhere: joblib starts a new set of workers when it changes
+    return joblib.Parallel(n_jobs=workers, backend="loky", return_as="generator", timeout=timeout)
 
 
 def _exit_code(text: str) -> int | None:

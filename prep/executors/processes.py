@@ -172,7 +172,7 @@ class ProcessExecutor(Executor):
             raise
         if given is not None and job.output is not given:
             for dst, src in zip(given.buffers, job.output.buffers):
-                dst.copy_(src)
+                dst[job.done :].copy_(src[job.done :])  # rows before were written in place
             job.output = given
         return job.output  # type: ignore[return-value]
 

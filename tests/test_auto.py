@@ -1,0 +1,125 @@
+"""executor="auto": it measures, picks the clear winner, caches, and explains."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+import torch
+
+import prep
+import prep.api
+from prep.ops import side_context_row
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def python_5ms(row: torch.Tensor) -> torch.Tensor:
+    """GIL-bound: a pure-Python loop of about 5 ms."""
+    end = time.perf_counter() + 0.005
+    acc = int(row[0])
+    while time.perf_counter() < end:
+        acc = (acc * 31 + 7) % 1_000_003
+    return torch.tensor([float(int(row[0]))])
+
+
+def waits_2ms(row: torch.Tensor) -> torch.Tensor:
+    """Releases the GIL (like I/O); ``float(row[0])`` keeps vmap out."""
+    time.sleep(0.002 + 0 * float(row[0]))
+    return row * 2
+
+
+def tiny(row: torch.Tensor) -> torch.Tensor:
+    """A few microseconds; ``int()`` keeps vmap out, so only serial and pools remain."""
+    return row + int(row[0] > 0)
+
+
+def pure(row: torch.Tensor) -> torch.Tensor:
+    """Many small ops a row: one vmapped call of each beats a loop over rows by far."""
+    return torch.tanh(row) * row.sin() + row.square().mean()
+
+
+def side_batch(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from prep.bench.workloads import side_context_batch
+
+    return side_context_batch(rows, 64, 16)
+
+
+CLEAR_WINNERS = [
+    (
+        "twin",
+        functools.partial(side_context_row, max_len=16),
+        lambda: side_batch(512),
+        {"vectorized"},
+    ),
+    ("gil-bound 5 ms", python_5ms, lambda: torch.arange(256.0).view(256, 1), {"processes"}),
+    ("gil-releasing", waits_2ms, lambda: torch.arange(128.0).view(128, 1), {"threads"}),
+    ("5 us a row", tiny, lambda: torch.randn(2048, 4), {"serial"}),
+    ("vmap-able", pure, lambda: torch.randn(4096, 4), {"vmap"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "batch", "winners"), [c[1:] for c in CLEAR_WINNERS], ids=[c[0] for c in CLEAR_WINNERS]
+)
+def test_auto_picks_the_clear_winner(fn, batch, winners):
+    data = batch()
+    with prep.Pool("auto", workers=2) as pool:
+        got = pool.map_rows(fn, data)
+        (cal,) = pool._auto.choices().values()
+        assert cal.choice in winners, str(cal)
+        want = prep.map_rows(fn, data, executor="serial")
+        assert torch.equal(got, want)  # calibration rows and the rest, all in one output
+
+
+def test_no_row_is_computed_twice_and_the_choice_is_cached():
+    calls = []
+
+    def counted(row: torch.Tensor) -> torch.Tensor:
+        calls.append(int(row[0]))
+        return row * 3
+
+    x = torch.arange(300.0).view(300, 1)
+    with prep.Pool("auto", workers=2) as pool:
+        assert torch.equal(pool.map_rows(counted, x), x * 3)
+        assert sorted(calls) == list(range(300))  # every row exactly once
+        first = pool._auto.choices()
+        calls.clear()
+        pool.map_rows(counted, x)
+        assert pool._auto.choices() == first  # same signature: no new calibration
+        assert sorted(calls) == list(range(300))
+
+
+def test_recalibrates_when_the_batch_size_changes_4x():
+    with prep.Pool("auto", workers=2) as pool:
+        pool.map_rows(tiny, torch.randn(100, 3))
+        (cal,) = pool._auto.choices().values()
+        pool.map_rows(tiny, torch.randn(300, 3))  # 3x: keeps the choice
+        assert next(iter(pool._auto.choices().values())) is cal
+        pool.map_rows(tiny, torch.randn(1000, 3))  # 10x: measures again
+        (again,) = pool._auto.choices().values()
+        assert again is not cal and again.rows == 1000
+
+
+def test_processes_are_left_out_inside_dataloader_workers(monkeypatch):
+    monkeypatch.setattr(prep.api, "in_worker_process", lambda: True)
+    cal = prep.explain(python_5ms, torch.arange(256.0).view(256, 1), workers=2)
+    assert "processes" not in cal.predicted
+    assert "DataLoader worker" in cal.dropped["processes"]
+
+
+def test_explain_reads_well():
+    text = str(prep.explain(waits_2ms, torch.arange(64.0).view(64, 1), workers=2))
+    assert text.startswith("auto: 64 rows, 2 workers; calibrated on ")
+    assert "serial" in text and "predicted for the whole batch" in text
+    assert "choice: " in text.splitlines()[-1]
+    assert "vmap" in text  # and why it was not considered
+
+
+def test_auto_on_samples_and_zero_rows():
+    samples = [torch.full((2,), float(i)) for i in range(50)]
+    got = prep.map_samples(tiny, samples, executor="auto", workers=2)
+    assert torch.equal(got, torch.stack([tiny(s) for s in samples]))
+    out = torch.empty(0, 3)
+    assert prep.map_rows(tiny, torch.empty(0, 3), out=out) is out
