@@ -13,8 +13,10 @@ Where it runs decides what it may do:
 * inside a DataLoader worker it never starts processes (a daemonic worker may
   have no children): ``processes``/``joblib`` fall back to threads, with one
   warning per worker; it sizes its threads so that ``num_workers x threads``
-  stays within the cores, and returns CPU tensors (pinned with
-  ``pin_memory=True``), as the DataLoader's own ``pin_memory`` does.
+  stays within the cores, and returns plain CPU tensors: a worker's batch
+  reaches the main process through shared memory, which keeps neither pinning
+  nor a device, so ``DataLoader(pin_memory=True)`` pins it there and the
+  training loop moves it to the GPU.
 """
 
 from __future__ import annotations
@@ -98,19 +100,19 @@ class Collate:
         in_worker = in_worker_process()
         if (
             in_worker
-            and self.device is not None
-            and self.device.type != "cpu"
             and not self._warned_device
+            and (self.pin_memory or (self.device is not None and self.device.type != "cpu"))
         ):
             self._warned_device = True
             warnings.warn(
-                f"prep.Collate(device={str(self.device)!r}) returns CPU tensors "
-                f"inside DataLoader workers; move the batch to the device in the "
-                f"main loop (pin_memory=True makes that copy fast)",
+                "prep.Collate returns plain CPU tensors inside DataLoader workers: a batch "
+                "reaches the main process through shared memory, which keeps neither pinning "
+                "nor a device. Use DataLoader(pin_memory=True) and move the batch to the "
+                "device in the training loop",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        if self.pin_memory and (in_worker or self.device is None) and torch.cuda.is_available():
+        if self.pin_memory and not in_worker and self.device is None and torch.cuda.is_available():
             result = _apply(result, torch.Tensor.pin_memory)
         return result
 

@@ -126,3 +126,8 @@ def pad_dict(sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def row_sum(row: torch.Tensor) -> torch.Tensor:
     return row.sum(0, keepdim=True)
+
+
+def cuda_state(row: torch.Tensor) -> torch.Tensor:
+    """1 where this process has initialized CUDA (a worker never should)."""
+    return torch.tensor([float(torch.cuda.is_initialized())])

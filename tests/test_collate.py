@@ -119,7 +119,7 @@ class Recording:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             batch = self.inner(samples)
-        return batch, sum("returns CPU tensors" in str(w.message) for w in caught)
+        return batch, sum("returns plain CPU tensors" in str(w.message) for w in caught)
 
 
 def test_device_stays_on_cpu_inside_workers_with_one_warning():
