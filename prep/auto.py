@@ -163,7 +163,10 @@ class Calibrator:
     def _vectorized(self) -> None:
         # two calls of different sizes separate the fixed cost of a call from the per-row one
         ex, sizes, times = self.get("vectorized"), [], []
-        for size in (max(4, self.job.done), 2 * max(4, self.job.done)):
+        # slices of 1/16 and 1/8 of the batch: big enough that the twin's fixed cost per
+        # call does not pass for a cost per row
+        first = max(8, self.n // 16)
+        for size in (first, 2 * first):
             start, stop = self._take(size)
             if start >= self.n:
                 break
@@ -248,10 +251,12 @@ class Calibrator:
     def run(self) -> Calibration:
         t0 = time.perf_counter()
         job, cal, workers = self.job, self.cal, self.cal.workers
-        self._serial(budget_rows=max(2, min(32, self.n // 8)))
-        rest = lambda: self.n - job.done  # noqa: E731
         tensors = isinstance(job.rows, TensorRows)
-        if tensors and twin_of(job.fn) is not None and rest() > 0:
+        twin = tensors and twin_of(job.fn) is not None
+        # with a twin, a few serial rows suffice: they only have to show how far behind it is
+        self._serial(budget_rows=4 if twin else max(2, min(32, self.n // 8)))
+        rest = lambda: self.n - job.done  # noqa: E731
+        if twin and rest() > 0:
             self._vectorized()
         elif tensors:
             self._vmap()

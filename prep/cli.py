@@ -20,7 +20,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ._progress import Progress
+from ._system import info
+from .api import shutdown
 from .errors import PrepError
+from .executors import REGISTRY
+from .jobs import RunConfig, Terminated, run_shards, sigterm_raises
+from .shards import make_shards
 
 __all__ = ["COMMANDS", "Command", "main", "parse_value"]
 
@@ -88,8 +94,6 @@ def _columns(text: str) -> tuple[str, ...]:
 
 
 def _configure_run(p: argparse.ArgumentParser) -> None:
-    from .executors import REGISTRY
-
     p.add_argument("inputs", nargs="+", metavar="INPUT", help=".pt/.safetensors files or folders")
     p.add_argument("--out", required=True, type=Path, help="output folder (and its manifest)")
     p.add_argument("--fn", required=True, help="the row function, MODULE:FUNCTION")
@@ -107,39 +111,50 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
         help="comma-separated tensors passed positionally in this order "
         "(default: all of them, by name)",
     )
-    p.add_argument("--executor", default="auto", choices=[*REGISTRY, "auto"])
+    p.add_argument(
+        "--executor",
+        default="auto",
+        choices=[*REGISTRY, "auto"],
+        help="how rows run inside a shard (default auto: measured on the first shard)",
+    )
     p.add_argument("--workers", type=_positive, help="row workers inside a shard")
     p.add_argument(
         "--jobs",
         type=_positive,
-        help="shards in flight at once (default 1; with --cluster, one per worker thread)",
+        help="shards in flight at once (default 2; with --cluster, one per worker thread)",
     )
-    p.add_argument("--device", help="where the function runs, e.g. cpu or cuda")
+    p.add_argument(
+        "--device",
+        help="where the function runs, e.g. cuda: each shard's tensors are moved there "
+        "(outputs are saved from the CPU)",
+    )
     p.add_argument(
         "--format", choices=["pt", "safetensors"], help="output format (default: the input's)"
     )
     p.add_argument("--resume", action="store_true", help="skip the shards the manifest proves done")
-    p.add_argument("--on-error", choices=["stop", "skip"], default="stop")
+    p.add_argument(
+        "--on-error",
+        choices=["stop", "skip"],
+        default="stop",
+        help="after a failed shard: finish those in flight and start no more (stop, the "
+        "default), or go on and list the failures at the end (skip); exit code 1 either way",
+    )
     p.add_argument(
         "--cluster",
         metavar="ADDRESS",
-        help="Dask scheduler tcp://HOST:PORT, or "
-        "'local' for a LocalCluster here (needs prep[dask])",
+        help="send shards to the Dask scheduler at tcp://HOST:PORT, or 'local' to start a "
+        "LocalCluster here (needs prep[dask]; workers must see the same files)",
     )
     p.add_argument(
         "--trust-pickle",
         action="store_true",
-        help="load .pt files with "
-        "weights_only=False: runs any code in them; only for files you trust",
+        help="load .pt files with weights_only=False, which runs any code their pickle holds; "
+        "only for files you trust",
     )
     p.add_argument("--quiet", action="store_true", help="no progress or summary")
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from ._progress import Progress
-    from .api import shutdown
-    from .jobs import RunConfig, run_shards, sigterm_raises
-
     keys = [k for k, _ in ns.arg]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
@@ -189,8 +204,6 @@ def _configure_make(p: argparse.ArgumentParser) -> None:
 
 
 def _make(ns: argparse.Namespace) -> int:
-    from .shards import make_shards
-
     paths = make_shards(
         ns.out, shards=ns.shards, rows=ns.rows, seq=ns.seq, dim=ns.dim, seed=ns.seed, fmt=ns.format
     )
@@ -209,8 +222,6 @@ def _configure_info(p: argparse.ArgumentParser) -> None:
 
 
 def _info(ns: argparse.Namespace) -> int:
-    from . import info
-
     facts = info(ns.workers)
     if ns.json:
         print(json.dumps(facts, indent=2))
@@ -267,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 2 if isinstance(exc, ValueError) else 1  # ConfigError is a ValueError
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return code
+    except OSError as exc:  # e.g. the disk under --out filled up while the manifest was written
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
-        from .jobs import Terminated
-
         return 143 if isinstance(exc, Terminated) else 130

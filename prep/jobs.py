@@ -8,7 +8,7 @@
     append the entry (fsync) ─▶ progress ─▶ submit the next
     Ctrl-C / SIGTERM ─▶ abandon the tasks in flight (temp files removed) ─▶ re-raise
 
-Locally, shards run in threads of this process (``jobs`` of them), not in
+Locally, shards run in threads of this process (``jobs`` of them, 2 by default), not in
 processes: the work inside a shard is torch kernels and file I/O, which release
 the GIL, or a row executor with its own worker processes (``workers``). Threads
 need no pickling of shards and let the driver remove every temporary file
@@ -28,6 +28,7 @@ a second run would otherwise silently mix two runs' outputs.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -38,9 +39,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from ._progress import Progress, Summary
 from .api import Pool
 from .errors import ConfigError
+from .executors import executor_class
 from .manifest import Manifest
 from .shards import FORMATS, Temps, find_shards, remove_stale_temps
 from .task import RunConfig, ShardTask, load_fn, run_shard
@@ -48,6 +52,9 @@ from .task import RunConfig, ShardTask, load_fn, run_shard
 __all__ = ["ON_ERROR", "RunConfig", "Summary", "Terminated", "run_shards", "sigterm_raises"]
 
 ON_ERROR = ("stop", "skip")
+#: shards in flight locally by default: two, so that one shard's reading, writing
+#: and fsync overlap the other's compute (measured in scripts/bench_run.py)
+LOCAL_JOBS = 2
 _POLL = 0.25  # seconds between checks of the done queue
 
 
@@ -152,7 +159,7 @@ def _backend(config: RunConfig, jobs: int | None, cluster: str | None) -> Backen
         from ._dask import DaskBackend  # Dask is an optional extra: import only when asked
 
         return DaskBackend(cluster, jobs)
-    return LocalBackend(config, jobs or 1)
+    return LocalBackend(config, jobs or LOCAL_JOBS)
 
 
 def _check(config: RunConfig, jobs: int | None, on_error: str) -> None:
@@ -163,7 +170,23 @@ def _check(config: RunConfig, jobs: int | None, on_error: str) -> None:
     if config.format is not None and config.format not in FORMATS.values():
         choices = ", ".join(map(repr, FORMATS.values()))
         raise ConfigError(f"format={config.format!r} is not one of {choices} (or None)")
+    if config.executor != "auto":
+        executor_class(config.executor)  # raises ConfigError naming the choices
+    if config.device is not None:
+        try:
+            torch.device(config.device)
+        except (RuntimeError, TypeError):
+            raise ConfigError(
+                f"device={config.device!r} is not a torch device; pass e.g. cpu, cuda or cuda:1"
+            ) from None
     load_fn(config.fn)  # fail before any work when the function cannot be imported
+    try:
+        json.dumps(config.recipe())
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"args={dict(config.args)!r} cannot be recorded in the manifest (JSON); pass "
+            f"numbers, strings, booleans, or lists and dicts of them"
+        ) from None
 
 
 def _prepare_out(out: Path, inputs: Iterable[str | os.PathLike[str]]) -> None:
@@ -197,7 +220,7 @@ def run_shards(
 ) -> Summary:
     """Process every shard under ``inputs`` into ``out``; returns the :class:`Summary`.
 
-    ``jobs``: shards in flight at once (default 1 locally; on a cluster, one per
+    ``jobs``: shards in flight at once (default 2 locally; on a cluster, one per
     worker thread). ``on_error="stop"`` finishes the shards in flight and starts
     no more after a failure; ``"skip"`` goes on. ``resume`` skips the shards the
     manifest proves done. ``cluster``: a Dask scheduler address, or ``"local"``.
@@ -236,23 +259,27 @@ def run_shards(
     summary = Summary(
         shards=len(shards), skipped=len(shards) - len(todo), manifest=str(manifest.path)
     )
+    progress.start(len(todo), summary.skipped, len(stale))
+    if not todo:  # all done already: no pool or cluster to start
+        progress.finish(summary)
+        return summary
     started = time.monotonic()
     backend = _backend(config, jobs, cluster)
-    progress.start(len(todo), summary.skipped, len(stale))
     try:
         _drive(backend, todo, manifest, on_error, progress, summary)
-    except KeyboardInterrupt as exc:
+    except BaseException as exc:  # Ctrl-C, SIGTERM, or the manifest's disk failing
         with _shielded():
-            summary.interrupted = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+            if isinstance(exc, KeyboardInterrupt):
+                summary.interrupted = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
             summary.not_started = len(todo)
             backend.abandon()
             remove_stale_temps(folder)  # a Dask worker's, which this process cannot track
         raise
+    else:
+        backend.close()
     finally:
         summary.seconds = time.monotonic() - started
         with _shielded():
-            if summary.interrupted is None:
-                backend.close()
             manifest.close()
             progress.finish(summary)
     return summary

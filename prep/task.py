@@ -82,8 +82,18 @@ def load_fn(spec: str) -> Callable[..., Any]:
     return obj
 
 
+def _bound(spec: str, args: Mapping[str, Any]) -> Callable[..., Any]:
+    """The function with its arguments bound; cached, so a worker imports it once."""
+    key = tuple(sorted(args.items()))
+    try:
+        return _bound_cached(spec, key)
+    except TypeError:  # an unhashable argument (a list): bind without the cache
+        fn = load_fn(spec)
+        return functools.partial(fn, **args) if args else fn
+
+
 @functools.lru_cache(maxsize=8)
-def _bound(spec: str, args: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
+def _bound_cached(spec: str, args: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
     fn = load_fn(spec)
     return functools.partial(fn, **dict(args)) if args else fn
 
@@ -145,7 +155,7 @@ def run_shard(
     before = _stat(src.path)
     tensors = load_shard(src.path, trust_pickle=config.trust_pickle)
     batch, rows = _batch(tensors, config.columns, src.path)
-    fn = _bound(config.fn, tuple(sorted(config.args.items())))
+    fn = _bound(config.fn, config.args)
     if config.device is not None and torch.device(config.device).type != "cpu":
         # compute where the result is wanted: the batched twin then runs on the GPU
         batch = _to(batch, config.device)
