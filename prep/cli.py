@@ -152,6 +152,27 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
         "only for files you trust",
     )
     p.add_argument("--quiet", action="store_true", help="no progress or summary")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="measure the function on the first shard, print what executor='auto' would "
+        "pick and why, and stop (nothing is written)",
+    )
+
+
+def _explain(ns: argparse.Namespace) -> int:
+    from .api import explain
+    from .shards import find_shards, load_shard
+    from .task import _batch, _bound
+
+    shards = find_shards(ns.inputs)
+    if not shards:
+        raise _Usage(f"no .pt or .safetensors shards in {', '.join(map(str, ns.inputs))}")
+    first = shards[0].path
+    batch, _ = _batch(load_shard(first, trust_pickle=ns.trust_pickle), ns.columns, first)
+    print(f"{first}:")
+    print(explain(_bound(ns.fn, dict(ns.arg)), batch, workers=ns.workers))
+    return 0
 
 
 def _run(ns: argparse.Namespace) -> int:
@@ -162,6 +183,11 @@ def _run(ns: argparse.Namespace) -> int:
     # `python -m prep` can import --fn modules from the current folder; the `prep` script too
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if ns.explain:
+        try:
+            return _explain(ns)
+        finally:
+            shutdown()
     config = RunConfig(
         fn=ns.fn,
         args=dict(ns.arg),

@@ -381,3 +381,23 @@ def test_signal_abandons_in_flight_cleanly(tmp_path, slow_data, sig, code, execu
     assert wait_until(gone, timeout=15), f"orphans: {helpers}"
     assert cli("run", data, "--out", out, *SLOW, "--resume", "--quiet") == 0
     assert outputs(out) == clean
+
+
+def test_explain_prints_the_choice_and_writes_nothing(tmp_path, capsys):
+    data = make(tmp_path / "in", shards=2, rows=256)
+    code = cli(
+        "run",
+        data,
+        "--out",
+        tmp_path / "out",
+        "--fn",
+        "prep.ops:side_context_row",
+        "--arg",
+        "max_len=8",
+        "--explain",
+    )
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "shard-00000.pt:" in text and "auto: 256 rows" in text
+    assert "choice: vectorized" in text  # the op has a batched twin, far ahead of serial
+    assert not (tmp_path / "out").exists()
