@@ -201,3 +201,10 @@ def test_processes_inside_a_dataloader_worker_fall_back_to_threads(no_leaks):
     batches = list(loader)
     assert [b[0].tolist() for b in batches] == [[[1.0] * 3, [3.0] * 3], [[5.0] * 3, [7.0] * 3]]
     assert [int(b[1]) for b in batches] == [1, 0]  # warned once in that worker, then quiet
+
+
+def test_threads_cap_intra_op_threads_during_a_batch_only():
+    before = torch.get_num_threads()
+    got = prep.map_rows(rowfns.thread_settings, torch.ones(6, 1), executor="threads", workers=2)
+    assert got[:, 0].tolist() == [min(before, prep.info(workers=2)["threads_per_worker"])] * 6
+    assert torch.get_num_threads() == before

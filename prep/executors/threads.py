@@ -2,10 +2,12 @@
 
 Threads pay off when the row function releases the GIL (most torch ops on
 tensors of a few thousand elements or more); a pure-Python row function runs
-no faster than ``serial``. A row that hangs cannot be killed from outside its
-thread: on ``timeout`` the batch raises :class:`~prep.BatchTimeout`, the stuck
-thread is abandoned (it is a daemon, so it does not block interpreter exit)
-and fresh threads serve the next batch.
+no faster than ``serial``. While a batch runs, torch's intra-op threads are
+capped at ``cores // workers`` (and restored after), as in worker processes.
+A row that hangs cannot be killed from outside its thread: on ``timeout`` the
+batch raises :class:`~prep.BatchTimeout`, the stuck thread is abandoned (it is
+a daemon, so it does not block interpreter exit) and fresh threads serve the
+next batch.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import queue
 import threading
 from collections.abc import Callable
 
+import torch
+
 from .._structure import Output
 from ..errors import BatchTimeout
-from ._base import Executor, Job, iter_chunks
+from ._base import Executor, Job, iter_chunks, threads_per_worker
 
 Task = Callable[[], None]
 
@@ -55,6 +59,17 @@ class ThreadExecutor(Executor):
         if not chunks:
             return job.output  # type: ignore[return-value]
         self._ensure_started()
+        # workers x intra-op threads <= cores, as in worker processes: two threads that
+        # each fan a matmul out to every core only fight over them
+        intra = torch.get_num_threads()
+        torch.set_num_threads(min(intra, threads_per_worker(self.workers)))
+        try:
+            return self._run_chunks(job, chunks)
+        finally:
+            torch.set_num_threads(intra)
+
+    def _run_chunks(self, job: Job, chunks: list[tuple[int, int]]) -> Output:
+        n = len(job.rows)
         done: queue.SimpleQueue[tuple[int, BaseException | None]] = queue.SimpleQueue()
         stop = threading.Event()
 
