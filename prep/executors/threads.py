@@ -48,6 +48,16 @@ class ThreadExecutor(Executor):
                 self._threads.append(t)
 
     def run(self, job: Job) -> Output:
+        # workers x intra-op threads <= cores, as in worker processes: two threads that
+        # each fan a matmul out to every core only fight over them
+        intra = torch.get_num_threads()
+        torch.set_num_threads(min(intra, threads_per_worker(self.workers)))
+        try:
+            return self._run(job)
+        finally:
+            torch.set_num_threads(intra)
+
+    def _run(self, job: Job) -> Output:
         n = len(job.rows)
         if n == 0:
             return job.output  # type: ignore[return-value]
@@ -59,14 +69,7 @@ class ThreadExecutor(Executor):
         if not chunks:
             return job.output  # type: ignore[return-value]
         self._ensure_started()
-        # workers x intra-op threads <= cores, as in worker processes: two threads that
-        # each fan a matmul out to every core only fight over them
-        intra = torch.get_num_threads()
-        torch.set_num_threads(min(intra, threads_per_worker(self.workers)))
-        try:
-            return self._run_chunks(job, chunks)
-        finally:
-            torch.set_num_threads(intra)
+        return self._run_chunks(job, chunks)
 
     def _run_chunks(self, job: Job, chunks: list[tuple[int, int]]) -> Output:
         n = len(job.rows)
