@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from ._progress import Progress
 from ._system import info
 from .api import shutdown
+from .bench import command as bench_command
 from .errors import PrepError
 from .executors import REGISTRY
 from .jobs import RunConfig, Terminated, run_shards, sigterm_raises
@@ -270,6 +271,7 @@ COMMANDS: dict[str, Command] = {
     "info": Command(
         "what this machine offers prep (cores, threads, shm, CUDA)", _configure_info, _info
     ),
+    "bench": Command(bench_command.HELP, bench_command.configure, bench_command.command),
 }
 
 

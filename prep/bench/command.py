@@ -1,0 +1,179 @@
+"""``prep bench``: its arguments and its handler; ``prep/cli.py`` registers them.
+
+Wiring it into a CLI takes one of::
+
+    bench.add_parser(subparsers)                                 # plain argparse
+    COMMANDS["bench"] = Command(bench.HELP, bench.configure, bench.command)
+
+The handler only parses and calls :func:`prep.bench.run`. Exit codes: 0 the
+bench ran (an executor that cannot run a workload, e.g. ``vmap`` on a row
+function that calls ``.item()``, is a finding: a failed cell in the table);
+1 a workload itself is broken (its batch factory or its serial run raised);
+2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["HELP", "add_parser", "command", "configure", "grid_from", "main"]
+
+HELP = "time every executor side by side on built-in workloads (or yours): who wins where"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers; e.g. 16,64,256"
+        ) from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} has a value < 1; every value must be >= 1")
+    return values
+
+
+def _positive(text: str) -> int:
+    values = _ints(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one positive integer; e.g. 5")
+    return values[0]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not > 0 seconds")
+    return value
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add ``prep bench``'s arguments to ``p``."""
+    from .results import DEFAULT_WORKLOADS, variants
+
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: 4 workloads, rows 8,64, one workers setting, 2 repeats (< 1 min)",
+    )
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        metavar="NAME",
+        help="built-in workloads, space- or comma-separated (default: "
+        f"{','.join(DEFAULT_WORKLOADS)}; with --fn, only yours)",
+    )
+    p.add_argument(
+        "--executors",
+        nargs="+",
+        metavar="NAME",
+        help="variants to time, space- or comma-separated (default: all of "
+        f"{','.join(variants())})",
+    )
+    p.add_argument("--rows", type=_ints, metavar="N,N", help="rows per batch (default 16,64,256)")
+    p.add_argument("--workers", type=_ints, metavar="N,N", help="workers (default 1 and cores)")
+    p.add_argument(
+        "--repeat", type=_positive, metavar="N", help="timed repeats per cell (default 5)"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out"),
+        metavar="DIR",
+        help="folder for results (./bench-out)",
+    )
+    p.add_argument("--fn", metavar="MODULE:FUNCTION", help="your row function")
+    p.add_argument(
+        "--batch", metavar="MODULE:FACTORY", help="your batch factory: rows -> batch (with --fn)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="limit per call of a prep executor, against hangs (default: none, as in map_rows)",
+    )
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on ``subparsers`` (from ``add_subparsers()``); its handler is
+    :func:`command`, also set as the parser's ``handler`` default."""
+    p = subparsers.add_parser("bench", help=HELP, description=HELP)
+    configure(p)
+    p.set_defaults(handler=command)
+    return p
+
+
+def _split(values: Sequence[str] | None) -> tuple[str, ...] | None:
+    if values is None:
+        return None
+    return tuple(part for v in values for part in v.split(",") if part)
+
+
+def grid_from(args: argparse.Namespace) -> Any:
+    """The :class:`~prep.bench.Grid` that ``args`` ask for."""
+    from .results import Grid
+    from .workloads import user_workload
+
+    if (args.fn is None) != (args.batch is None):
+        given, missing = ("--fn", "--batch") if args.fn else ("--batch", "--fn")
+        raise ConfigError(
+            f"{given} was given without {missing}; your workload needs both, e.g. "
+            f"--fn mymodule:clean_row --batch mymodule:make_batch"
+        )
+    changes: dict[str, Any] = {}
+    workloads: tuple[Any, ...] | None = _split(args.workloads)
+    if args.fn is not None:
+        workloads = (*(workloads or ()), user_workload(args.fn, args.batch))
+    for name, value in [
+        ("workloads", workloads),
+        ("executors", _split(args.executors)),
+        ("rows", args.rows),
+        ("workers", args.workers),
+        ("repeat", args.repeat),
+        ("timeout", args.timeout),
+    ]:
+        if value is not None:
+            changes[name] = value
+    return Grid.quick(**changes) if args.quick else Grid(**changes)
+
+
+def command(args: argparse.Namespace) -> int:
+    """Run the bench ``args`` describe, print the table and the summary; the exit code."""
+    from . import harness
+    from .report import summary, terminal_table
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        grid = grid_from(args)
+    except ConfigError as exc:
+        print(f"prep bench: error: {exc}", file=sys.stderr)
+        return 2
+    counts = [len(grid.workloads), len(grid.rows), len(grid.workers), len(grid.executors)]
+    progress(
+        "prep bench: {} workload(s) x {} rows x {} workers x {} variant(s), ".format(*counts)
+        + f"{grid.repeat} repeats; writing to {args.out}"
+    )
+    results = harness.run(grid, out=args.out, progress=progress)
+    print(terminal_table(results))
+    print("\nWho wins where:")
+    print("\n".join(summary(results)))
+    print(f"\n{results.wall_s:.0f} s; results.json, report.md and plots in {args.out}/")
+    return 1 if results.broken() else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m prep.bench [...]``: the same arguments as ``prep bench``."""
+    parser = argparse.ArgumentParser(prog="prep bench", description=HELP)
+    configure(parser)
+    return command(parser.parse_args(argv))

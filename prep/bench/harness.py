@@ -1,0 +1,414 @@
+"""The comparison harness behind ``prep bench``: every executor, side by side.
+
+    Grid ─▶ start-up probe: a fresh prep.Pool per executor x workers, first call vs warm
+         ─▶ for each workload x rows: the batch (made once) and serial's result
+             └▶ for each workers: a group of variants
+                  auto's first call, timed alone (calibration included)
+                  one checked call per variant (raises, or differs from serial: failed)
+                  interleaved repeats (prep.bench.interleaved) ─▶ one Cell per variant
+         ─▶ Results: winners, auto vs best, environment; report.py and plots.py draw it
+
+Nothing here aborts the run: a workload whose batch cannot be made, or a variant
+that raises, becomes failed cells carrying the error text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import os
+import re
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import api
+from .._rowwise import twin_of
+from .._system import info
+from .results import (
+    AUTO,
+    AUTO_FIRST,
+    LOOP,
+    PLAIN_JOBLIB,
+    POOLS,
+    Cell,
+    Grid,
+    Results,
+    Startup,
+    breakdown,
+)
+from .timing import Timing, interleaved
+from .workloads import Workload, loop_stack, noop, plain_joblib
+
+__all__ = ["run"]
+
+#: plain joblib ships the whole batch with every row: above this batch size it is skipped,
+_NAIVE_SKIP_BYTES = 64 * 2**20
+#: and below it, timed on only as many rows as ship this many bytes per call, then scaled
+_NAIVE_SHIP_BYTES = 256 * 2**20
+
+Progress = Callable[[str], None]
+
+
+def run(
+    grid: Grid | None = None, *, out: str | Path | None = None, progress: Progress | None = None
+) -> Results:
+    """Time every executor of ``grid`` on every workload, rows and workers; see :class:`Grid`.
+
+    With ``out`` the table, ``results.json``, ``report.md`` and the PNGs are
+    written there too; ``progress`` gets one line per group as it finishes.
+    It ends with :func:`prep.shutdown`, closing ``map_rows``' warm pools.
+
+    >>> from prep.bench import Grid, run
+    >>> res = run(Grid(workloads=("noop",), executors=("serial", "threads"), rows=(8,),
+    ...                workers=(2,), repeat=1))
+    >>> [c.executor for c in res.cells]
+    ['serial', 'threads']
+    """
+    grid = grid or Grid()
+    say = progress or (lambda line: None)
+    began = time.perf_counter()
+    load_before = _load()
+    cells: list[Cell] = []
+    try:
+        with warnings.catch_warnings():
+            # joblib says so on every call with n_jobs=1, where the timeout has nothing to bound
+            warnings.filterwarnings("ignore", "The backend class 'SequentialBackend'", UserWarning)
+            startup = _startup(grid, say)
+            for workload in grid.resolved():
+                for rows in grid.rows:
+                    cells += _workload_rows(workload, rows, grid, startup, say)
+    finally:
+        api.shutdown()  # the warm pools the bench started: no worker outlives it
+    prep_info = info(max(grid.workers))
+    environment = {**prep_info, "load_avg_start": load_before, "load_avg_end": _load()}
+    results = Results(
+        environment=environment,
+        grid=grid.to_dict(),
+        workloads={w.name: w.about for w in grid.resolved()},
+        startup=startup,
+        cells=cells,
+        wall_s=time.perf_counter() - began,
+    )
+    results.mark_winners()
+    if out is not None:
+        from .report import write  # report imports this package's results, not harness
+
+        write(results, Path(out), note=say)
+    return results
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not on every platform
+        return None
+
+
+# ---------------------------------------------------------------- start-up
+
+
+def _startup(grid: Grid, say: Progress) -> list[Startup]:
+    """A fresh ``prep.Pool``'s first call vs its warm calls, on 64 no-op rows."""
+    found = []
+    for name in (n for n in POOLS if n in grid.executors):
+        for workers in grid.workers:
+            found.append(_probe(name, workers))
+            s = found[-1]
+            say(f"start-up {name} workers={workers}: " + (s.error or f"{s.first_call_s:.3f} s"))
+    return found
+
+
+def _probe(name: str, workers: int) -> Startup:
+    rows = torch.randn(64, 8)
+    pool = api.Pool(name, workers=workers)
+    try:
+        times = []
+        for _ in range(4):
+            t0 = time.perf_counter()
+            pool.map_rows(noop, rows)
+            times.append(time.perf_counter() - t0)
+    except Exception as exc:  # a pool that cannot start is a finding, not a crash
+        return Startup(name, workers, None, None, _text(exc))
+    finally:
+        pool.close()
+    return Startup(name, workers, times[0], statistics.median(times[1:]))
+
+
+# ---------------------------------------------------------------- one workload x rows
+
+
+def _workload_rows(
+    workload: Workload, rows: int, grid: Grid, startup: list[Startup], say: Progress
+) -> list[Cell]:
+    names = _names(workload, grid)
+    try:
+        batch = workload.batch(rows)
+    except Exception as exc:
+        error = f"the batch factory failed: {_text(exc)}"
+        say(f"{workload.name} rows={rows}: FAILED ({error})")
+        return [
+            Cell(workload.name, rows, w, n, "failed", note=error)
+            for w in grid.workers
+            for n in names
+        ]
+    reference: Any = None
+    # if serial raises, its cell says so; the other variants then go unchecked
+    with contextlib.suppress(Exception):
+        reference = api.map_rows(workload.fn, batch, executor="serial", timeout=grid.timeout)
+    sizes = (_nbytes(batch), _nbytes(reference))
+    cells: list[Cell] = []
+    for workers in grid.workers:
+        group = _group(
+            _Group(workload, batch, rows, workers, grid, reference, sizes), names, startup
+        )
+        cells += group
+        say(_progress_line(group))
+    del batch, reference
+    gc.collect()  # big batches: free them before the next one is made
+    return cells
+
+
+def _names(workload: Workload, grid: Grid) -> list[str]:
+    """The variants run for this workload, in the grid's order (auto's first call first)."""
+    names = []
+    for name in grid.executors:
+        if name == "vectorized" and twin_of(workload.fn) is None:
+            continue  # no batched twin: nothing to vectorize
+        if name == AUTO:
+            names.append(AUTO_FIRST)
+        names.append(name)
+    return names
+
+
+@dataclass
+class _Group:
+    """One workload at one rows-per-batch and workers, and the cells found so far."""
+
+    workload: Workload
+    batch: Any
+    rows: int
+    workers: int
+    grid: Grid
+    reference: Any  # serial's result, to check the others against (None: unchecked)
+    sizes: tuple[int, int]  # bytes of the batch, and of serial's result
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+    def put(self, name: str, status: str, note: str) -> None:
+        self.cells[name] = Cell(
+            self.workload.name, self.rows, self.workers, name, status, note=note
+        )
+
+
+def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
+    """One Cell per variant in ``names``; auto runs on a fresh ``prep.Pool`` of its own."""
+    auto_pool = api.Pool(AUTO, workers=g.workers, timeout=g.grid.timeout) if AUTO in names else None
+    try:
+        variants, naive_rows = _variants(g, names, auto_pool)
+        first_call: float | None = None
+        if auto_pool is not None:
+            # a fresh pool has calibrated nothing: its first call is auto's true first call
+            t0 = time.perf_counter()
+            error = _check(variants[AUTO], g.reference, g.rows)
+            first_call = time.perf_counter() - t0
+            if error:
+                g.put(AUTO_FIRST, "failed", error)
+        for name in list(variants):
+            if name == AUTO:
+                continue  # its first call just ran
+            # each variant's first call is untimed (it warms pools and caches) and checked
+            error = _check(
+                variants[name], g.reference, naive_rows if name == PLAIN_JOBLIB else g.rows
+            )
+            if error:
+                g.put(name, "failed", error)
+                del variants[name]
+        timings = _timed(g, variants)
+        serial = timings["serial"].median if "serial" in timings else None
+        for name, timing in timings.items():
+            scale = g.rows / naive_rows if name == PLAIN_JOBLIB else 1.0
+            note = ""
+            if scale != 1.0:
+                note = (
+                    f"timed on the first {naive_rows} rows (each row ships the whole "
+                    f"{g.sizes[0] / 2**20:.1f} MB batch), scaled to {g.rows}"
+                )
+            g.cells[name] = _cell(g, name, timing, scale, serial, note)
+        if first_call is not None and AUTO_FIRST not in g.cells:
+            once = Timing(first_call, first_call, first_call, (first_call,))
+            g.cells[AUTO_FIRST] = _cell(g, AUTO_FIRST, once, 1.0, serial, "")
+            g.cells[AUTO_FIRST].spread = None  # one call: no spread to speak of
+        if auto_pool is not None:
+            _note_choice(g, auto_pool)
+    finally:
+        if auto_pool is not None:
+            auto_pool.close()
+    for cell in g.cells.values():
+        breakdown(cell, serial, g.sizes, startup, g.cells)
+    return [g.cells[n] for n in names if n in g.cells]
+
+
+def _variants(
+    g: _Group, names: list[str], auto_pool: api.Pool | None
+) -> tuple[dict[str, Callable[[], Any]], int]:
+    """A zero-argument call per variant, and the rows plain joblib is timed on."""
+    fn, batch, workers, timeout = g.workload.fn, g.batch, g.workers, g.grid.timeout
+    variants: dict[str, Callable[[], Any]] = {}
+    naive_rows = g.rows
+    for name in names:
+        if name == AUTO_FIRST:
+            continue
+        if name == AUTO and auto_pool is not None:
+            variants[name] = lambda: auto_pool.map_rows(fn, batch)
+        elif name == PLAIN_JOBLIB:
+            naive_rows, reason = _naive_plan(g.rows, g.sizes[0])
+            if reason:
+                g.put(name, "skipped", reason)
+                continue
+            variants[name] = lambda k=naive_rows: plain_joblib(fn, batch, workers, k)
+        elif name == LOOP:
+            variants[name] = lambda: loop_stack(fn, batch)
+        else:
+            variants[name] = lambda n=name: api.map_rows(
+                fn, batch, executor=n, workers=workers, timeout=timeout
+            )
+    return variants, naive_rows
+
+
+def _timed(g: _Group, variants: dict[str, Callable[[], Any]]) -> dict[str, Timing]:
+    """Interleaved repeats of the variants; one that raises midway becomes a failed cell."""
+    guards = {name: _Guard(call) for name, call in variants.items()}
+    timings = interleaved(guards, repeat=g.grid.repeat, warmup=0) if guards else {}
+    for name, guard in guards.items():
+        if guard.error:
+            g.put(name, "failed", guard.error)
+            del timings[name]
+    return timings
+
+
+def _note_choice(g: _Group, pool: api.Pool) -> None:
+    """Add what auto chose to its cells' notes, where the pool can say (``explain``)."""
+    explain = getattr(pool, "explain", None)
+    found = re.findall(r"choice:\s*(\S+)", explain()) if callable(explain) else []
+    if not found:
+        return
+    for name in (AUTO, AUTO_FIRST):
+        cell = g.cells.get(name)
+        if cell is not None and cell.status == "ok":
+            cell.note = f"picked {found[-1]}" + (f"; {cell.note}" if cell.note else "")
+
+
+def _naive_plan(rows: int, batch_bytes: int) -> tuple[int, str]:
+    """Rows to time plain joblib on, and why it is skipped ('' if it is not)."""
+    if batch_bytes > _NAIVE_SKIP_BYTES:
+        return 0, (
+            f"skipped: the batch is {batch_bytes / 2**20:.0f} MB > "
+            f"{_NAIVE_SKIP_BYTES / 2**20:.0f} MB, and every row would pickle all of it"
+        )
+    return max(1, min(rows, _NAIVE_SHIP_BYTES // max(batch_bytes, 1))), ""
+
+
+class _Guard:
+    """A variant that records its first exception instead of raising it mid-timing."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+        self.error = ""
+
+    def __call__(self) -> None:
+        if self.error:
+            return
+        try:
+            self.call()
+        except Exception as exc:
+            self.error = _text(exc)
+
+
+def _check(call: Callable[[], Any], reference: Any, rows: int) -> str:
+    """Call once; the error text if it raised or its result differs from serial's, else ''."""
+    try:
+        result = call()
+    except Exception as exc:
+        return _text(exc)
+    if reference is None:
+        return ""
+    got, want = _leaves(result), _leaves(reference)
+    if len(got) != len(want) or not all(_same(g, w[:rows]) for g, w in zip(got, want)):
+        return "its result differs from the serial executor's"
+    return ""
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        # intra-op thread counts differ between executors, so sums may round differently
+        return torch.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
+    return torch.equal(a, b)
+
+
+def _leaves(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [leaf for k in sorted(value) for leaf in _leaves(value[k])]
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return []
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the storages behind ``value``'s tensors (what pickling a view ships)."""
+    return sum(t.untyped_storage().nbytes() for t in _leaves(value))
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+# ---------------------------------------------------------------- figures of a cell
+
+
+def _cell(
+    g: _Group, name: str, timing: Timing, scale: float, serial: float | None, note: str
+) -> Cell:
+    median = timing.median * scale
+    rows = g.rows
+    return Cell(
+        g.workload.name,
+        rows,
+        g.workers,
+        name,
+        "ok",
+        median_s=median,
+        low_s=timing.low * scale,
+        high_s=timing.high * scale,
+        spread=timing.spread,
+        samples_s=[s * scale for s in timing.samples],
+        rows_per_s=rows / median if median > 0 else math.inf,
+        speedup=serial / median if serial and median > 0 else None,
+        estimated=scale != 1.0,
+        note=note,
+    )
+
+
+def _progress_line(group: list[Cell]) -> str:
+    head = group[0] if group else None
+    if head is None:
+        return ""
+    ok = [c for c in group if c.status == "ok" and c.contender and c.median_s is not None]
+    failed = sum(c.status == "failed" for c in group)
+    best = min(ok, key=lambda c: c.median_s or math.inf) if ok else None
+    text = f"{head.workload} rows={head.rows} workers={head.workers}: "
+    if best is not None and best.median_s is not None:
+        text += f"fastest {best.executor} {best.median_s * 1e3:.2f} ms"
+    else:
+        text += "no result"
+    return text + (f", {failed} failed" if failed else "")
