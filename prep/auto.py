@@ -5,19 +5,24 @@ batch's structure, per-row shapes, dtypes and device), ``auto`` calibrates on
 rows of the batch itself, writing their results into the output as it goes,
 so no row is computed twice and side effects do not repeat:
 
-1. serial: a few rows, one at a time -> seconds per row;
-2. the batched twin, if the function has one, on the next rows -> seconds per
-   row vectorized. If it beats serial by more than the cores could, it wins
-   at once: no pool can divide serial time by more than the cores;
+1. serial: a few blocks of rows, run as the serial executor runs them ->
+   seconds per row;
+2. the batched twin, if the function has one, on 1/16 and then 1/8 of the
+   batch -> its fixed cost per call and its cost per row. If it beats serial
+   by more than the cores could, it wins at once: no pool can divide serial
+   time by more than the cores;
 3. ``torch.func.vmap`` of the row function (no twin), re-run on the serial
-   rows and compared bit for bit; dropped on any error, warning or mismatch;
-4. two threads on the next rows -> how much of the function runs outside
-   the GIL (their speed-up over serial);
+   rows and compared bit for bit; dropped on any error, warning or mismatch.
+   (vmap calls the function once for many rows: it is only ever considered
+   for functions that pass that bit-for-bit check);
+4. the thread pool on the next rows (about 0.1 s of work) -> its speed-up
+   over serial, which shows how much of the function runs outside the GIL;
 5. processes: predicted from serial time / workers, plus the warm pool's
-   dispatch cost (measured once per pool, on a no-op) and the cost of copying
-   the batch and result through shared memory. Left out inside DataLoader
-   workers, on one core, for functions that cannot be pickled, for CUDA
-   batches, and when the whole batch would take less than starting workers.
+   dispatch cost (measured once per pool, on a no-op), the cost of copying
+   the batch and result through shared memory, and, for a pool not started
+   yet, its start-up (0.2 s with the forkserver running, 2.5 s without).
+   Left out inside DataLoader workers, on one core, for functions that cannot
+   be pickled, for CUDA batches, and for less than 10 ms of work.
 
 The lowest predicted time wins; the choice is cached for the pool's lifetime
 and re-measured when the batch size changes more than 4x.
@@ -40,9 +45,15 @@ import torch
 from ._rowwise import twin_of
 from ._structure import Output, Rows, TensorRows, flatten
 from .executors import Executor, Job, available_cores
+from .executors._base import BLOCK
 
-#: seconds of serial work below which starting worker processes cannot pay off
-PROCESS_START_COST = 1.0
+#: seconds of serial work below which worker processes are not even considered
+MIN_PROCESS_WORK = 0.01
+#: seconds to start a process pool: with the forkserver already up, and without it
+#: (it imports torch first); measured on a 2-core machine, where the second is ~2.3 s
+START_WITH_FORKSERVER, START_COLD = 0.2, 2.5
+#: dispatch cost assumed for a pool not yet started (a warm one is measured)
+COLD_DISPATCH = 0.005
 #: calibration stops adding rows once this much time was spent on a step
 STEP_BUDGET = 0.05
 
@@ -60,6 +71,7 @@ class Calibration:
     vmap_fixed: float = 0.0
     thread_speedup: float | None = None
     process_dispatch: float | None = None
+    process_start: float = 0.0
     bytes_per_row: int = 0
     sample: int = 0
     predicted: dict[str, float] = field(default_factory=dict)
@@ -75,12 +87,13 @@ class Calibration:
             f"  serial {us(self.serial_row)}/row"
             + (f", vectorized {us(self.vectorized_row)}/row" if self.vectorized_row else "")
             + (f", vmap {us(self.vmap_row)}/row" if self.vmap_row else "")
-            + (f", 2 threads run {self.thread_speedup:.2f}x serial" if self.thread_speedup else "")
+            + (f", threads run {self.thread_speedup:.2f}x serial" if self.thread_speedup else "")
             + (
                 f", process dispatch {self.process_dispatch * 1e3:.2f} ms/batch"
                 if self.process_dispatch is not None
                 else ""
-            ),
+            )
+            + (f" (+{self.process_start:.1f} s to start the pool)" if self.process_start else ""),
             "  predicted for the whole batch: "
             + ", ".join(
                 f"{k} {v * 1e3:.1f} ms"
@@ -144,17 +157,20 @@ class Calibrator:
         self.allow_processes = allow_processes
 
     def _serial(self, budget_rows: int) -> None:
-        job, times = self.job, []
-        while job.done < self.n and len(times) < budget_rows:
-            job.check_deadline()
+        """Seconds per row, run as the serial executor runs them (blocks of BLOCK rows)."""
+        job = self.job
+        t = time.perf_counter()
+        job.run_range(0, 1)  # the first row allocates the output: not timed
+        job.done, first = 1, time.perf_counter() - t
+        rows, spent = 0, 0.0
+        while job.done < self.n and rows < budget_rows and spent < STEP_BUDGET:
+            stop = min(self.n, job.done + BLOCK, job.done + budget_rows - rows)
             t = time.perf_counter()
-            job.store(job.done, job.compute(job.done))
-            times.append(time.perf_counter() - t)
-            job.done += 1
-            if sum(times) > STEP_BUDGET and len(times) >= 2:
-                break
-        # the first row pays for allocating the output: leave it out when there are others
-        self.cal.serial_row = sorted(times[1:] or times)[len(times[1:] or times) // 2]
+            job.run_range(job.done, stop)
+            spent += time.perf_counter() - t
+            rows += stop - job.done
+            job.done = stop
+        self.cal.serial_row = spent / rows if rows else first
 
     def _take(self, count: int) -> tuple[int, int]:
         start = self.job.done
@@ -185,15 +201,20 @@ class Calibrator:
         head = job.rows.replace([c[:k] for c in job.rows.columns])
         ex = self.get("vmap")
         fn, _ = ex.batched(job.fn)  # type: ignore[attr-defined]
-        sizes, times = [1, k // 2, k], []  # the first call warms vmap up, untimed
+        # the first call warms vmap up; then two sizes, each the best of two calls (vmap
+        # re-runs rows that are already in the output, so repeating costs no side effects)
+        sizes, times = [1, k // 2, k], []
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # a vmap fallback warning means "slow path"
                 for size in sizes:
                     part = head.replace([c[:size] for c in head.columns])
-                    t = time.perf_counter()
-                    result = part.call_batched(fn)
-                    times.append(time.perf_counter() - t)
+                    best = math.inf
+                    for _ in range(1 if size == 1 else 2):
+                        t = time.perf_counter()
+                        result = part.call_batched(fn)
+                        best = min(best, time.perf_counter() - t)
+                    times.append(best)
             spec, leaves = flatten(result)
         except Exception as exc:  # any failure just removes the candidate
             self.cal.dropped["vmap"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
@@ -208,30 +229,14 @@ class Calibrator:
         self.cal.vmap_fixed, self.cal.vmap_row = _fit(sizes[1:], times[1:])
 
     def _threads(self, workers: int) -> None:
-        start, stop = self._take(2 * max(2, self.job.done))
-        job = self.job
-        half = (start + stop) // 2
-        errors: list[BaseException] = []
-
-        def work(a: int, b: int) -> None:
-            try:
-                job.run_range(a, b)
-            except BaseException as exc:
-                errors.append(exc)
-
+        """The thread pool itself on the next rows: its speed-up over serial, as it runs."""
+        # about 0.1 s of serial work, at least a block per thread
+        rows = int(min(max(0.1 / max(self.cal.serial_row, 1e-9), 2 * BLOCK), 8 * BLOCK))
+        start, stop = self._take(rows)
         t = time.perf_counter()
-        helper = threading.Thread(target=work, args=(half, stop), daemon=True)
-        helper.start()
-        work(start, half)
-        helper.join()
-        wall = time.perf_counter() - t
-        if errors:
-            raise errors[0]
-        job.done = stop
-        measured = (stop - start) * self.cal.serial_row / wall if wall else 1.0
-        # two threads measured: scale the share that ran in parallel to all usable threads
-        parallel = max(0.0, min(1.0, measured - 1))
-        self.cal.thread_speedup = 1 + parallel * (min(workers, available_cores()) - 1)
+        _run_slice(self.get("threads"), self.job, stop)
+        per_row = (time.perf_counter() - t) / (stop - start)
+        self.cal.thread_speedup = self.cal.serial_row / per_row if per_row else 1.0
 
     def _process_dispatch(self) -> float:
         ex = self.get("processes")
@@ -269,7 +274,7 @@ class Calibrator:
                 f"vectorized is over {cores}x faster than serial, more than {cores} cores give"
             )
         else:
-            if workers > 1 and rest() > 4:
+            if workers > 1 and rest() > 2 * BLOCK:
                 self._threads(workers)
             else:
                 cal.dropped["threads"] = "one worker, or too few rows left to measure"
@@ -286,7 +291,7 @@ class Calibrator:
             reason = "inside a DataLoader worker (no child processes)"
         elif cores < 2:
             reason = "one core or one worker"
-        elif left * cal.serial_row < PROCESS_START_COST * (0 if self._warm() else 1) + 0.01:
+        elif left * cal.serial_row < MIN_PROCESS_WORK:
             reason = (
                 f"the rest of the batch takes {left * cal.serial_row * 1e3:.1f} ms "
                 f"serially; worker processes cannot pay off"
@@ -303,7 +308,11 @@ class Calibrator:
         if reason:
             cal.dropped["processes"] = reason
             return
-        cal.process_dispatch = self._process_dispatch()
+        if self._warm():
+            cal.process_dispatch = self._process_dispatch()
+        else:  # do not start a pool just to measure it: it starts if it is chosen
+            cal.process_start = _process_start_cost()
+            cal.process_dispatch = COLD_DISPATCH
         out_bytes = (
             sum(b[0].numel() * b.element_size() for b in job.output.buffers)
             if job.output is not None
@@ -329,8 +338,21 @@ class Calibrator:
             p["threads"] = left * cal.serial_row / max(cal.thread_speedup, 1e-9) + 2e-4
         if cal.process_dispatch is not None:
             copy = left * cal.bytes_per_row / 4e9  # through shared memory, about 4 GB/s
-            p["processes"] = left * cal.serial_row / cores + cal.process_dispatch + copy
+            p["processes"] = (
+                cal.process_start + left * cal.serial_row / cores + cal.process_dispatch + copy
+            )
         cal.choice = min(p, key=p.__getitem__) if left else "serial"
+
+
+def _process_start_cost() -> float:
+    """Seconds a new ``processes`` pool will take to start here."""
+    from multiprocessing import forkserver
+
+    from .executors.processes import START_METHOD
+
+    server = getattr(forkserver, "_forkserver", None)
+    running = START_METHOD == "forkserver" and getattr(server, "_forkserver_pid", None)
+    return START_WITH_FORKSERVER if running else START_COLD
 
 
 def _fit(sizes: list[int], times: list[float]) -> tuple[float, float]:

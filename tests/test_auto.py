@@ -11,6 +11,7 @@ import torch
 import prep
 import prep.api
 from prep.ops import side_context_row
+from tests import rowfns
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,6 +66,10 @@ CLEAR_WINNERS = [
 )
 def test_auto_picks_the_clear_winner(fn, batch, winners):
     data = batch()
+    if "processes" in winners:
+        # a first process pool in an interpreter starts the forkserver (~2.5 s, which
+        # auto rightly counts against a batch this size); with it running a pool takes 0.2 s
+        prep.map_rows(rowfns.affine, torch.ones(2, 1), executor="processes", workers=2)
     with prep.Pool("auto", workers=2) as pool:
         got = pool.map_rows(fn, data)
         (cal,) = pool._auto.choices().values()
@@ -100,6 +105,16 @@ def test_recalibrates_when_the_batch_size_changes_4x():
         pool.map_rows(tiny, torch.randn(1000, 3))  # 10x: measures again
         (again,) = pool._auto.choices().values()
         assert again is not cal and again.rows == 1000
+
+
+def test_a_cold_start_counts_against_processes(monkeypatch):
+    import prep.auto
+
+    monkeypatch.setattr(prep.auto, "_process_start_cost", lambda: prep.auto.START_COLD)
+    prep.shutdown()  # no warm pool: explain() would have to start one
+    cal = prep.explain(python_5ms, torch.arange(64.0).view(64, 1), workers=2)
+    assert cal.process_start == prep.auto.START_COLD and cal.choice != "processes"
+    assert "+2.5 s to start the pool" in str(cal)
 
 
 def test_processes_are_left_out_inside_dataloader_workers(monkeypatch):

@@ -57,6 +57,10 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
     return [r for r in ranges if r[0] < r[1]]
 
 
+#: rows computed before they are written with one torch.stack per output tensor
+BLOCK = 32
+
+
 @dataclass
 class Job:
     """One batch: run ``fn`` on every row of ``rows`` and write into ``output``."""
@@ -104,11 +108,17 @@ class Job:
         self.output.write(i, result)
 
     def run_range(self, start: int, stop: int, cancelled: Callable[[], bool] = bool) -> None:
-        """Compute and store rows ``start:stop`` in this thread."""
-        for i in range(start, stop):
-            if cancelled():
-                return
-            self.store(i, self.compute(i))
+        """Compute and store rows ``start:stop`` in this thread, a block at a time."""
+        i = start
+        while i < stop and not cancelled():
+            self.check_deadline()
+            if self.output is None:  # the first row fixes the output's shape
+                self.store(i, self.compute(i))
+                i += 1
+                continue
+            end = min(stop, i + BLOCK)
+            self.output.write_block(i, [self.compute(j) for j in range(i, end)])
+            i = end
 
 
 class Executor(ABC):

@@ -19,6 +19,7 @@ import torch
 
 from .._structure import Output, Rows, TensorRows, flatten
 from ..errors import RemoteTraceback
+from ._base import BLOCK
 
 _THREAD_VARS = (
     "OMP_NUM_THREADS",
@@ -88,22 +89,35 @@ def rebuild(blob: bytes | None, name: str, text: str, tb: str) -> BaseException:
     return exc
 
 
+def write_rows(fn: Any, rows: Rows, out: Output, start: int, stop: int) -> tuple[Any, ...]:
+    """Rows ``start:stop`` into ``out`` a block at a time; "done", or the first error."""
+    for block in range(start, stop, BLOCK):
+        results = []
+        for i in range(block, min(stop, block + BLOCK)):
+            try:
+                results.append(rows.call(fn, i))
+            except Exception as exc:
+                return _error(i, exc)
+        try:
+            out.write_block(block, results)
+        except Exception as exc:  # a result of the wrong type or shape
+            return _error(getattr(exc, "row", block), exc, "bad-result")
+    return ("done", start, stop)
+
+
 def run_chunk(fn: Any, rows: Rows, start: int, stop: int) -> tuple[Any, ...]:
     """Rows ``start:stop`` into a chunk-sized output, returned whole (the joblib path)."""
-    out: Output | None = None
-    for i in range(start, stop):
-        try:
-            result = rows.call(fn, i)
-        except Exception as exc:
-            return _error(i, exc)
-        try:
-            if out is None:
-                out = Output.allocate(result, stop - start, row=i, offset=start)
-            out.write(i, result)
-        except Exception as exc:
-            return _error(i, exc, "bad-result")
-    assert out is not None
-    return ("done", start, out.spec, out.buffers)
+    try:
+        first = rows.call(fn, start)
+    except Exception as exc:
+        return _error(start, exc)
+    try:
+        out = Output.allocate(first, stop - start, row=start, offset=start)
+        out.write(start, first)
+    except Exception as exc:
+        return _error(start, exc, "bad-result")
+    reply = write_rows(fn, rows, out, start + 1, stop)
+    return ("done", start, out.spec, out.buffers) if reply[0] == "done" else reply
 
 
 def main(conn: Connection, main_pid: int, threads: int) -> None:
@@ -142,22 +156,20 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
         # ("run", start, stop, payload, probe)
         _, start, stop, payload, probe = msg
         rows = shell.with_chunk(start, payload)
-        reply: tuple[Any, ...] = ("done", start, stop)
-        for i in range(start, stop):
+        reply: tuple[Any, ...]
+        if probe:  # one row, sent back whole: its result fixes the output's shape
             try:
-                result = rows.call(fn, i)
+                result = rows.call(fn, start)
             except Exception as exc:
-                reply = _error(i, exc)
-                break
-            try:
-                if probe:
-                    flatten(result, what=f"the row function, on row {i},")
-                    reply = ("probe", i, result)
-                else:
-                    out.write(i, result)  # type: ignore[union-attr]
-            except Exception as exc:  # a result of the wrong type or shape
-                reply = _error(i, exc, "bad-result")
-                break
+                reply = _error(start, exc)
+            else:
+                try:
+                    flatten(result, what=f"the row function, on row {start},")
+                    reply = ("probe", start, result)
+                except Exception as exc:
+                    reply = _error(start, exc, "bad-result")
+        else:
+            reply = write_rows(fn, rows, out, start, stop)  # type: ignore[arg-type]
         try:
             conn.send(reply)
         except Exception as exc:  # e.g. a result that cannot be pickled

@@ -9,8 +9,8 @@ from ._base import Executor, Job
 class SerialExecutor(Executor):
     """Every other executor must match this one bit for bit.
 
-    ``timeout`` is checked between rows: a row that never returns cannot be
-    interrupted in the calling thread.
+    ``timeout`` is checked between blocks of rows: a row that never returns
+    cannot be interrupted in the calling thread.
     """
 
     name = "serial"
@@ -19,8 +19,6 @@ class SerialExecutor(Executor):
         super().__init__(workers)
 
     def run(self, job: Job) -> Output:
-        for i in range(job.done, len(job.rows)):
-            job.check_deadline()
-            job.store(i, job.compute(i))
+        job.run_range(job.done, len(job.rows))
         assert job.output is not None or len(job.rows) == 0
         return job.output  # type: ignore[return-value]
