@@ -5,7 +5,8 @@ whole storage behind every view ``x[b]``: B rows ship B batches. Here each
 task gets ``x[start:stop].clone()`` (only its own rows) and returns its chunk
 of the output in one piece, so every byte crosses the process boundary once
 each way. joblib's cloudpickle also sends lambdas and notebook functions,
-which ``processes`` cannot.
+which ``processes`` cannot. With ``workers=1`` joblib runs the rows in this
+process (its own rule for ``n_jobs=1``), where ``timeout`` cannot apply.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class JoblibExecutor(Executor):
         n = len(job.rows)
         if n == 0:
             return job.output  # type: ignore[return-value]
-        if job.timeout is not None:
+        if job.timeout is not None and self.workers > 1:
             # the timeout is for the rows, not for (re)starting loky's workers, which takes
             # seconds with torch: make sure they are up first (a few ms when they are)
             self._wait_for_workers()
@@ -40,7 +41,8 @@ class JoblibExecutor(Executor):
         tasks = (
             joblib.delayed(_worker.run_chunk)(job.fn, job.rows.take(a, b), a, b) for a, b in chunks
         )
-        parallel = _parallel(self.workers, job.timeout)
+        # joblib runs n_jobs=1 in this process, where it cannot time out (it warns)
+        parallel = _parallel(self.workers, job.timeout if self.workers > 1 else None)
         errors: list[BaseException] = []
         done = 0
         try:
