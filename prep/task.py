@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import importlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,8 +23,9 @@ import torch
 from torch import Tensor
 
 from . import __version__
+from ._imports import load_callable
 from .api import Pool, map_rows
-from .errors import ConfigError, ShardError
+from .errors import ShardError
 from .manifest import SCHEMA
 from .shards import Cancelled, ShardFile, Temps, load_shard, save_shard
 
@@ -61,25 +61,8 @@ class ShardTask:
 
 
 def load_fn(spec: str) -> Callable[..., Any]:
-    """Import ``module:function`` (the function may be dotted: ``module:Class.method``)."""
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ConfigError(f"--fn {spec!r} is not MODULE:FUNCTION; e.g. prep.ops:side_context_row")
-    try:
-        obj: Any = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(
-            f"--fn {spec!r}: cannot import module {module!r} ({exc}); is it installed, or "
-            f"in the current folder?"
-        ) from exc
-    for part in name.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"--fn {spec!r}: module {module!r} has no {name!r}") from None
-    if not callable(obj):
-        raise ConfigError(f"--fn {spec!r} is a {type(obj).__name__}, expected a function")
-    return obj
+    """Import ``module:function`` for ``--fn`` (the function may be dotted)."""
+    return load_callable(spec, "--fn")
 
 
 def _bound(spec: str, args: Mapping[str, Any]) -> Callable[..., Any]:

@@ -280,7 +280,7 @@ def test_run_shard_problems_name_the_file(tmp_path):
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("prep.ops.side_context_row", "is not MODULE:FUNCTION"),
+        ("prep.ops.side_context_row", "is not MODULE:NAME"),
         ("no_such_module_xyz:f", "cannot import module"),
         ("prep.ops:nope", "has no 'nope'"),
         ("prep:__version__", "is a str, expected a function"),

@@ -16,9 +16,6 @@ import them.
 from __future__ import annotations
 
 import functools
-import importlib
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
+from .._imports import load_callable
 from ..ops import side_context_row
 
 
@@ -174,31 +171,6 @@ WORKLOADS: dict[str, Workload] = {
 }
 
 
-def load(spec: str, flag: str = "--fn") -> Callable[..., Any]:
-    """Import ``module:attribute`` (the attribute may be dotted), as ``flag`` asked for it."""
-    module, sep, name = spec.partition(":")
-    if not sep or not module or not name:
-        raise ConfigError(f"{flag} {spec!r} is not MODULE:NAME; e.g. {flag} mypkg.rows:clean_row")
-    # `prep bench --fn mymodule:f` should find mymodule.py in the folder it runs from
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(
-            f"{flag} {spec!r}: cannot import module {module!r} ({exc}); is it installed, "
-            f"or in the current folder?"
-        ) from exc
-    for part in name.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"{flag} {spec!r}: module {module!r} has no {name!r}") from None
-    if not callable(obj):
-        raise ConfigError(f"{flag} {spec!r} is a {type(obj).__name__}, expected a function")
-    return obj
-
-
 def user_workload(fn: str, batch: str) -> Workload:
     """The workload of ``--fn MODULE:FUNCTION --batch MODULE:FACTORY``.
 
@@ -209,8 +181,8 @@ def user_workload(fn: str, batch: str) -> Workload:
     >>> w.name, tuple(w.batch(3).shape)
     ('user:noop', (3, 512))
     """
-    row_fn = load(fn, "--fn")
-    factory = load(batch, "--batch")
+    row_fn = load_callable(fn, "--fn")
+    factory = load_callable(batch, "--batch")
     name = getattr(row_fn, "__name__", None) or fn.partition(":")[2]
     return Workload(f"user:{name}", row_fn, factory, f"your function {fn}, batches from {batch}")
 
