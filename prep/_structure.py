@@ -47,6 +47,9 @@ class Rows:
     def with_chunk(self, start: int, payload: Any) -> Rows:
         raise NotImplementedError
 
+    def head(self, stop: int) -> Rows:
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class TensorRows(Rows):
@@ -77,6 +80,10 @@ class TensorRows(Rows):
         if self.names is not None:
             return fn(**dict(zip(self.names, self.columns)))
         return fn(*self.columns)
+
+    def head(self, stop: int) -> TensorRows:
+        """The first ``stop`` rows."""
+        return TensorRows(tuple(c[:stop] for c in self.columns), self.names, self.offset)
 
     def replace(self, columns: Sequence[Tensor]) -> TensorRows:
         return TensorRows(tuple(columns), self.names)
@@ -121,6 +128,10 @@ class SampleRows(Rows):
 
     def with_chunk(self, start: int, payload: Any) -> SampleRows:
         return payload  # type: ignore[no-any-return]
+
+    def head(self, stop: int) -> SampleRows:
+        """The first ``stop`` rows."""
+        return SampleRows(self.samples[:stop], self.offset)
 
     def take(self, start: int, stop: int) -> SampleRows:
         return SampleRows(self.samples[start:stop], start)

@@ -365,10 +365,10 @@ def _fit(sizes: list[int], times: list[float]) -> tuple[float, float]:
 
 def _run_slice(ex: Executor, job: Job, stop: int) -> None:
     """Run rows ``job.done:stop`` with ``ex`` into ``job.output``."""
-    assert isinstance(job.rows, TensorRows) and job.output is not None  # serial ran first
+    assert job.output is not None  # the serial rows ran first
     sub = Job(
         job.fn,
-        job.rows.replace([c[:stop] for c in job.rows.columns]),
+        job.rows.head(stop),
         _head(job.output, stop),
         job.timeout,
         done=job.done,

@@ -133,7 +133,7 @@ def test_explain_reads_well():
 
 
 def test_auto_on_samples_and_zero_rows():
-    samples = [torch.full((2,), float(i)) for i in range(50)]
+    samples = [torch.full((2,), float(i)) for i in range(300)]  # enough to time threads
     got = prep.map_samples(tiny, samples, executor="auto", workers=2)
     assert torch.equal(got, torch.stack([tiny(s) for s in samples]))
     out = torch.empty(0, 3)
