@@ -54,8 +54,8 @@ MIN_PROCESS_WORK = 0.01
 START_WITH_FORKSERVER, START_COLD = 0.2, 2.5
 #: dispatch cost assumed for a pool not yet started (a warm one is measured)
 COLD_DISPATCH = 0.005
-#: calibration stops adding rows once this much time was spent on a step
-STEP_BUDGET = 0.05
+#: calibration stops adding serial rows once this much time was spent
+STEP_BUDGET = 0.02
 
 
 @dataclass
@@ -157,20 +157,30 @@ class Calibrator:
         self.allow_processes = allow_processes
 
     def _serial(self, budget_rows: int) -> None:
-        """Seconds per row, run as the serial executor runs them (blocks of BLOCK rows)."""
+        """Seconds per row, as the serial executor runs them: blocks of 1, 2, 4 ... rows
+        (up to BLOCK) until the time or row budget is spent; the last, largest block
+        is the measurement."""
         job = self.job
         t = time.perf_counter()
         job.run_range(0, 1)  # the first row allocates the output: not timed
-        job.done, first = 1, time.perf_counter() - t
-        rows, spent = 0, 0.0
-        while job.done < self.n and rows < budget_rows and spent < STEP_BUDGET:
-            stop = min(self.n, job.done + BLOCK, job.done + budget_rows - rows)
+        job.done, per_row = 1, time.perf_counter() - t
+        size, spent, took = 1, 0.0, 0.0
+        # enough when a block of 2+ rows took a couple of ms (slow rows are steady) or
+        # the time budget is spent; fast rows go on to full blocks, as they run for real
+        while (
+            job.done < self.n
+            and job.done < budget_rows
+            and spent < STEP_BUDGET
+            and not (took > 2e-3 and size > 2)
+        ):
+            stop = min(self.n, job.done + size)
             t = time.perf_counter()
             job.run_range(job.done, stop)
-            spent += time.perf_counter() - t
-            rows += stop - job.done
-            job.done = stop
-        self.cal.serial_row = spent / rows if rows else first
+            took = time.perf_counter() - t
+            spent += took
+            per_row = took / (stop - job.done)
+            job.done, size = stop, min(2 * size, BLOCK)
+        self.cal.serial_row = per_row
 
     def _take(self, count: int) -> tuple[int, int]:
         start = self.job.done
@@ -230,8 +240,8 @@ class Calibrator:
 
     def _threads(self, workers: int) -> None:
         """The thread pool itself on the next rows: its speed-up over serial, as it runs."""
-        # about 0.1 s of serial work, at least a block per thread
-        rows = int(min(max(0.1 / max(self.cal.serial_row, 1e-9), 2 * BLOCK), 8 * BLOCK))
+        # about 0.1 s of serial work, at least two rows per thread, at most 8 blocks
+        rows = int(min(max(0.1 / max(self.cal.serial_row, 1e-9), 2 * workers), 8 * BLOCK))
         start, stop = self._take(rows)
         t = time.perf_counter()
         _run_slice(self.get("threads"), self.job, stop)
@@ -274,7 +284,7 @@ class Calibrator:
                 f"vectorized is over {cores}x faster than serial, more than {cores} cores give"
             )
         else:
-            if workers > 1 and rest() > 2 * BLOCK:
+            if workers > 1 and rest() >= 4 * workers:
                 self._threads(workers)
             else:
                 cal.dropped["threads"] = "one worker, or too few rows left to measure"
