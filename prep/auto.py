@@ -94,7 +94,7 @@ class Calibration:
                 else ""
             )
             + (f" (+{self.process_start:.1f} s to start the pool)" if self.process_start else ""),
-            "  predicted for the whole batch: "
+            "  predicted for a whole batch: "
             + ", ".join(
                 f"{k} {v * 1e3:.1f} ms"
                 for k, v in sorted(self.predicted.items(), key=lambda kv: kv[1])
@@ -242,6 +242,7 @@ class Calibrator:
         """The thread pool itself on the next rows: its speed-up over serial, as it runs."""
         # about 0.1 s of serial work, at least two rows per thread, at most 8 blocks
         rows = int(min(max(0.1 / max(self.cal.serial_row, 1e-9), 2 * workers), 8 * BLOCK))
+        rows = min(rows, max(2 * workers, (self.n - self.job.done) // 4))  # leave the most
         start, stop = self._take(rows)
         t = time.perf_counter()
         _run_slice(self.get("threads"), self.job, stop)
@@ -289,7 +290,8 @@ class Calibrator:
             else:
                 cal.dropped["threads"] = "one worker, or too few rows left to measure"
             self._consider_processes(rest(), cores)
-        self._predict(rest())
+        # predicted for a whole batch of this size: the choice is kept for the next ones
+        self._predict(self.n)
         cal.sample = job.done
         cal.seconds = time.perf_counter() - t0
         return cal
@@ -351,7 +353,7 @@ class Calibrator:
             p["processes"] = (
                 cal.process_start + left * cal.serial_row / cores + cal.process_dispatch + copy
             )
-        cal.choice = min(p, key=p.__getitem__) if left else "serial"
+        cal.choice = min(p, key=p.__getitem__)
 
 
 def _process_start_cost() -> float:

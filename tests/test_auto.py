@@ -127,7 +127,7 @@ def test_processes_are_left_out_inside_dataloader_workers(monkeypatch):
 def test_explain_reads_well():
     text = str(prep.explain(waits_2ms, torch.arange(64.0).view(64, 1), workers=2))
     assert text.startswith("auto: 64 rows, 2 workers; calibrated on ")
-    assert "serial" in text and "predicted for the whole batch" in text
+    assert "serial" in text and "predicted for a whole batch" in text
     assert "choice: " in text.splitlines()[-1]
     assert "vmap" in text  # and why it was not considered
 
