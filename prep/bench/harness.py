@@ -215,9 +215,9 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
         first_call: float | None = None
         if auto_pool is not None:
             # a fresh pool has calibrated nothing: its first call is auto's true first call
-            t0 = time.perf_counter()
-            error = _check(variants[AUTO], g.reference, g.rows)
-            first_call = time.perf_counter() - t0
+            timed: list[float] = []
+            error = _check(variants[AUTO], g.reference, g.rows, timed)
+            first_call = timed[0] if timed else None
             if error:
                 g.put(AUTO_FIRST, "failed", error)
         for name in list(variants):
@@ -331,10 +331,16 @@ class _Guard:
             self.error = _text(exc)
 
 
-def _check(call: Callable[[], Any], reference: Any, rows: int) -> str:
-    """Call once; the error text if it raised or its result differs from serial's, else ''."""
+def _check(
+    call: Callable[[], Any], reference: Any, rows: int, timed: list[float] | None = None
+) -> str:
+    """Call once; the error text if it raised or its result differs from serial's, else ''.
+    The call's own seconds (not the comparison's) are appended to ``timed``."""
     try:
+        t0 = time.perf_counter()
         result = call()
+        if timed is not None:
+            timed.append(time.perf_counter() - t0)
     except Exception as exc:
         return _text(exc)
     if reference is None:
