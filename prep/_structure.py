@@ -150,8 +150,14 @@ class _RawTensorPickler(pickle.Pickler):
     storage a view may share with a whole data set)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is Tensor and obj.device.type == "cpu" and not obj.requires_grad:
-            t = obj.contiguous()
+        if (
+            type(obj) is Tensor
+            and obj.device.type == "cpu"
+            and obj.layout == torch.strided
+            and not obj.requires_grad
+            and not obj.is_quantized
+        ):
+            t = obj.resolve_conj().resolve_neg().contiguous()
             data = ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
             return (_raw_tensor, (data, t.dtype, tuple(t.shape)))
         return NotImplemented
@@ -274,7 +280,10 @@ class Output:
         for leaf in leaves:
             on_cpu = leaf.device.type == "cpu"
             buf = torch.empty(
-                (rows, *leaf.shape), dtype=leaf.dtype, device=leaf.device, pin_memory=pin and on_cpu
+                (rows, *leaf.shape),
+                dtype=leaf.dtype,
+                device=leaf.device,
+                pin_memory=pin and on_cpu and not shared,
             )
             if shared and on_cpu:
                 buf.share_memory_()
@@ -314,6 +323,10 @@ class Output:
         return {k: v for k, v in self.__dict__.items() if k not in ("_rows", "_layout")}
 
     def write(self, i: int, result: Any) -> None:
+        with torch.no_grad():  # preprocessing: outputs carry no autograd history
+            self._write(i, result)
+
+    def _write(self, i: int, result: Any) -> None:
         if (
             isinstance(result, Tensor)
             and self.spec.kind == "tensor"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -53,7 +54,7 @@ def _choose(executor: str, fn: Callable[..., Any], rows: Rows) -> str:
                 f"worker (daemonic processes may not have children); using "
                 f"'threads' in this worker instead",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,  # the caller of map_rows / Pool.map_rows
             )
         name = "threads"
     return name
@@ -96,6 +97,18 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+
+
+def _forget_inherited_pools() -> None:
+    # a forked child (a DataLoader worker, say) inherits the parent's pool objects, whose
+    # threads and processes it does not have: it must start its own
+    global _warm_lock
+    _warm.clear()
+    _autos.clear()
+    _warm_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_pools)
 
 
 def _batch_device(rows: Rows) -> torch.device:
@@ -219,8 +232,10 @@ def map_rows(
     ``out=`` is filled and returned instead of allocating; ``device=`` is where
     the result lands (from pinned memory, ``non_blocking``, for CUDA). Pools for
     ``threads``/``processes``/``joblib`` stay warm between calls; see
-    :func:`shutdown`. Results carry no autograd history; use the batched twin
-    directly for differentiable work.
+    :func:`shutdown`. Results of the per-row executors carry no autograd
+    history (this is preprocessing); ``vectorized`` and ``vmap`` return what the
+    batched call returns, autograd history included, and a twin that returns its
+    input returns the batch itself.
 
     >>> import torch, prep
     >>> prep.map_rows(lambda r: r.flip(0), torch.arange(6).view(2, 3), executor="threads")
@@ -267,6 +282,8 @@ def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -
       choice: ...
     """
     rows = batch if isinstance(batch, Rows) else rows_of(batch)
+    if len(rows) == 0:
+        raise ValueError("the batch has 0 rows: there is nothing to measure")
     n_workers = resolve_workers(workers)
     job = Job(fn, rows)
     get = lambda name: _warm_executor(name, n_workers)  # noqa: E731

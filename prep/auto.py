@@ -254,12 +254,11 @@ class Calibrator:
         cached = getattr(ex, "_auto_dispatch", None)
         if cached is None:
             from .api import _run
-            from .bench.workloads import noop
+            from .executors._worker import identity
 
-            probe = torch.zeros(ex.workers * 2, 1)
-            _run(ex, noop, TensorRows((probe,)), out=None, device=None, timeout=None)  # start
+            probe = TensorRows((torch.zeros(ex.workers * 2, 1),))
             t = time.perf_counter()
-            _run(ex, noop, TensorRows((probe,)), out=None, device=None, timeout=None)
+            _run(ex, identity, probe, out=None, device=None, timeout=None)
             cached = time.perf_counter() - t
             ex._auto_dispatch = cached  # type: ignore[attr-defined]
         return cached
@@ -337,21 +336,21 @@ class Calibrator:
         ex = self.get("processes")
         return bool(getattr(ex, "pids", None))
 
-    def _predict(self, left: int) -> None:
+    def _predict(self, rows: int) -> None:
         cal = self.cal
         cores = min(cal.workers, available_cores())
         p = cal.predicted
-        p["serial"] = left * cal.serial_row
+        p["serial"] = rows * cal.serial_row
         if cal.vectorized_row is not None:
-            p["vectorized"] = cal.vectorized_fixed + left * cal.vectorized_row
+            p["vectorized"] = cal.vectorized_fixed + rows * cal.vectorized_row
         if cal.vmap_row is not None:
-            p["vmap"] = cal.vmap_fixed + left * cal.vmap_row
+            p["vmap"] = cal.vmap_fixed + rows * cal.vmap_row
         if cal.thread_speedup is not None:
-            p["threads"] = left * cal.serial_row / max(cal.thread_speedup, 1e-9) + 2e-4
+            p["threads"] = rows * cal.serial_row / max(cal.thread_speedup, 1e-9) + 2e-4
         if cal.process_dispatch is not None:
-            copy = left * cal.bytes_per_row / 4e9  # through shared memory, about 4 GB/s
+            copy = rows * cal.bytes_per_row / 4e9  # through shared memory, about 4 GB/s
             p["processes"] = (
-                cal.process_start + left * cal.serial_row / cores + cal.process_dispatch + copy
+                cal.process_start + rows * cal.serial_row / cores + cal.process_dispatch + copy
             )
         cal.choice = min(p, key=p.__getitem__)
 
@@ -415,7 +414,8 @@ class Auto:
         n = len(job.rows)
         with self._lock:
             cal = self._choices.get(key)
-        if cal is not None and cal.rows / 4 <= n <= cal.rows * 4:
+        usable = cal is not None and (allow_processes or cal.choice not in ("processes", "joblib"))
+        if cal is not None and usable and cal.rows / 4 <= n <= cal.rows * 4:
             return get(cal.choice).run(job), cal
         cal = Calibrator(job, get, workers, allow_processes).run()
         with self._lock:

@@ -234,3 +234,45 @@ def test_warm_pool_is_reused_and_shutdown_closes_it(no_leaks):
     assert set(pool_children()) == pids
     prep.shutdown()
     assert wait_until(lambda: not pool_children())
+
+
+def test_a_shared_input_is_never_overwritten_by_the_next_batch():
+    x = torch.arange(12.0).view(6, 2).share_memory_()
+    before = x.clone()
+    prep.map_rows(rowfns.affine, x, executor="processes", workers=2)
+    prep.map_rows(rowfns.affine, torch.full((6, 2), -1.0), executor="processes", workers=2)
+    assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("executor", ["serial", "threads"])  # in-process: autograd is live
+def test_results_that_require_grad_are_stored_detached(executor):
+    w = torch.ones(3, requires_grad=True)
+    got = prep.map_rows(lambda r: r * w, torch.ones(5, 3), executor=executor, workers=2)
+    assert not got.requires_grad and torch.equal(got, torch.ones(5, 3))
+
+
+@pytest.mark.parametrize("executor", ["processes", "joblib"])
+def test_samples_with_conjugate_and_negative_views_travel_exactly(executor):
+    samples = [torch.tensor([1 + 2j, 3 - 1j]).conj() for _ in range(4)]
+    samples += [torch.tensor([1 + 2j, 3 - 1j])._neg_view() for _ in range(4)]
+    got = prep.map_samples(rowfns.identity, samples, executor=executor, workers=2)
+    assert torch.equal(got, torch.stack([s.resolve_conj().resolve_neg() for s in samples]))
+
+
+def test_a_forked_child_starts_its_own_pools():
+    import os
+
+    prep.map_rows(rowfns.affine, torch.ones(4, 1), executor="processes", workers=2)
+    assert prep.api._warm
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's warm pools must be gone
+        os.write(w, b"1" if not prep.api._warm else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
+
+
+def test_explain_refuses_an_empty_batch():
+    with pytest.raises(ValueError, match="0 rows"):
+        prep.explain(rowfns.affine, torch.empty(0, 3))

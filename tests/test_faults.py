@@ -208,3 +208,31 @@ def test_threads_cap_intra_op_threads_during_a_batch_only():
     got = prep.map_rows(rowfns.thread_settings, torch.ones(6, 1), executor="threads", workers=2)
     assert got[:, 0].tolist() == [min(before, prep.info(workers=2)["threads_per_worker"])] * 6
     assert torch.get_num_threads() == before
+
+
+def test_a_worker_that_died_while_idle_is_replaced(no_leaks):
+    x = torch.arange(8.0).view(8, 1)
+    with prep.Pool("processes", workers=2) as pool:
+        pool.map_rows(rowfns.affine, x)
+        os.kill(pool._get("processes").pids[0], signal.SIGKILL)
+        time.sleep(0.3)
+        assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
+
+
+def test_a_function_workers_cannot_load_does_not_poison_the_pool(no_leaks, tmp_path):
+    import importlib
+    import sys
+
+    (tmp_path / "gone_soon.py").write_text("def f(row):\n    return row\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        fn = importlib.import_module("gone_soon").f
+        (tmp_path / "gone_soon.py").unlink()  # the workers cannot import it any more
+        x = torch.arange(8.0).view(8, 1)
+        with prep.Pool("processes", workers=2) as pool:
+            with pytest.raises(prep.ConfigError, match="could not unpickle"):
+                pool.map_rows(fn, x)
+            assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("gone_soon", None)

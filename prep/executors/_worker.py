@@ -72,6 +72,11 @@ def _error(row: int, exc: BaseException, tag: str = "error") -> tuple[Any, ...]:
     return (tag, row, type(exc).__name__, str(exc), tb, blob)
 
 
+def identity(row: torch.Tensor) -> torch.Tensor:
+    """A row function that does nothing: what a pool's own dispatch cost is measured with."""
+    return row
+
+
 def ready(hold: float) -> int:
     """A worker's pid, once it has imported torch (this module does), after ``hold`` s."""
     time.sleep(hold)

@@ -52,7 +52,7 @@ class JoblibExecutor(Executor):
         except TerminatedWorkerError as exc:
             a, b = chunks[done]
             raise WorkerCrashed(
-                f"a joblib/loky worker died while rows {a}-{n - 1} were in flight "
+                f"a joblib/loky worker died while rows {a}-{b - 1} and later were in flight "
                 f"({_exit_text(str(exc))}); likely causes: a segfault or abort in the row "
                 f"function, or the OS killed the worker for memory. joblib starts new workers "
                 f"on the next call",
@@ -93,6 +93,7 @@ class JoblibExecutor(Executor):
             tag, row, name, text, tb, blob = reply
             exc = _worker.rebuild(blob, name, text, tb)
             if tag == "bad-result":
+                exc.row = row  # type: ignore[attr-defined]  (the first bad row is reported)
                 return [exc]
             err = RowError(row, f"row {row}: {name}: {text}")
             err.__cause__ = exc

@@ -30,6 +30,7 @@ import itertools
 import os
 import shutil
 import signal
+import threading
 from collections import deque
 from multiprocessing import connection
 from multiprocessing.reduction import ForkingPickler
@@ -112,12 +113,17 @@ class ProcessExecutor(Executor):
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)
         self._workers: list[_Worker] = []
-        self._arena: list[tuple[int, torch.Tensor]] = []  # (key, shared column buffer)
+        # (key, shared column buffer, owned): only buffers prep made are reused for the
+        # next batch; a tensor the caller passed already shared is theirs, never written
+        self._arena: list[tuple[int, torch.Tensor, bool]] = []
+        self._lock = threading.Lock()  # one batch at a time: the pipes carry one conversation
         self._keys = itertools.count()
 
     # -------------------------------------------------------------- lifecycle
 
     def _ensure_started(self) -> None:
+        if any(not w.proc.is_alive() for w in self._workers):
+            self._reset()  # one died while idle (killed, OOM): start all afresh
         if len(self._workers) < self.workers:
             ctx = context()
             threads = threads_per_worker(self.workers)
@@ -132,14 +138,12 @@ class ProcessExecutor(Executor):
             w.stop()
 
     def close(self) -> None:
-        workers, self._workers = self._workers, []
-        self._arena = []
-        for w in workers:
+        for w in self._workers:  # ask first; _reset terminates whoever does not listen
             with contextlib.suppress(OSError):
                 w.conn.send(("close",))
-        for w in workers:
+        for w in self._workers:
             w.proc.join(2)
-            w.stop()
+        self._reset()
 
     @property
     def pids(self) -> list[int]:
@@ -149,6 +153,10 @@ class ProcessExecutor(Executor):
     # -------------------------------------------------------------- one batch
 
     def run(self, job: Job) -> Output:
+        with self._lock:
+            return self._run(job)
+
+    def _run(self, job: Job) -> Output:
         n = len(job.rows)
         if n == 0:
             return job.output  # type: ignore[return-value]
@@ -167,7 +175,9 @@ class ProcessExecutor(Executor):
         except BaseException as exc:
             # crashed, timed out or interrupted with rows in flight: the workers' state is
             # unknown, so start afresh. A row error waited for the others: keep the pool.
-            if isinstance(exc, (WorkerCrashed, BatchTimeout)) or any(w.held for w in self._workers):
+            if isinstance(exc, (WorkerCrashed, BatchTimeout, OSError, _Unloadable)) or any(
+                w.held for w in self._workers
+            ):
                 self._reset()
             raise
         if given is not None and job.output is not given:
@@ -204,14 +214,15 @@ class ProcessExecutor(Executor):
         arena, keys, columns = [], [], {}
         for j, c in enumerate(rows.columns):
             if c.is_shared() and c.is_contiguous() and c.storage_offset() == 0:
-                key, buf = next(self._keys), c  # already shared (e.g. from a DataLoader)
-            elif j < len(self._arena) and _same_layout(self._arena[j][1], c):
-                key, buf = self._arena[j]
+                key, buf, owned = next(self._keys), c, False  # already shared (a DataLoader's)
+            elif j < len(self._arena) and self._arena[j][2] and _same_layout(self._arena[j][1], c):
+                key, buf, owned = self._arena[j]
                 buf.copy_(c)
             else:
-                key, buf = next(self._keys), torch.empty(c.shape, dtype=c.dtype).share_memory_()
+                key, owned = next(self._keys), True
+                buf = torch.empty(c.shape, dtype=c.dtype).share_memory_()
                 buf.copy_(c)
-            arena.append((key, buf))
+            arena.append((key, buf, owned))
             keys.append(key)
             columns[key] = buf
         self._arena = arena
@@ -303,7 +314,7 @@ class ProcessExecutor(Executor):
         _, row, name, text, tb, blob = msg
         if row < 0:  # the worker could not even load the function
             w.held = None
-            raise ConfigError(
+            raise _Unloadable(
                 f"the worker could not unpickle the row function "
                 f"({name}: {text}); is its module importable in a fresh "
                 f"process?"
@@ -333,6 +344,10 @@ class ProcessExecutor(Executor):
             exitcode=code,
             rows=w.held,
         )
+
+
+class _Unloadable(ConfigError):
+    """A worker could not unpickle the row function (the pool restarts after it)."""
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

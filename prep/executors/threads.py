@@ -33,6 +33,7 @@ class ThreadExecutor(Executor):
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
 
     def _ensure_started(self) -> None:
         with self._lock:
@@ -48,6 +49,10 @@ class ThreadExecutor(Executor):
                 self._threads.append(t)
 
     def run(self, job: Job) -> Output:
+        with self._run_lock:  # one batch at a time (and one save/restore of torch's threads)
+            return self._run_capped(job)
+
+    def _run_capped(self, job: Job) -> Output:
         # workers x intra-op threads <= cores, as in worker processes: two threads that
         # each fan a matmul out to every core only fight over them
         intra = torch.get_num_threads()
