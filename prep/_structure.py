@@ -44,7 +44,7 @@ class Rows:
         """The part sent to a worker once per batch; ``with_chunk`` completes it."""
         raise NotImplementedError
 
-    def with_chunk(self, start: int, payload: Any) -> Rows:
+    def with_chunk(self, payload: Any) -> Rows:
         raise NotImplementedError
 
     def head(self, stop: int) -> Rows:
@@ -92,9 +92,9 @@ class TensorRows(Rows):
         return None  # the columns already live in shared memory
 
     def shell(self) -> TensorRows:
-        return self
+        return TensorRows((), self.names)  # the worker puts its shared columns back in
 
-    def with_chunk(self, start: int, payload: Any) -> TensorRows:
+    def with_chunk(self, payload: Any) -> TensorRows:
         return self
 
     def take(self, start: int, stop: int) -> TensorRows:
@@ -126,7 +126,7 @@ class SampleRows(Rows):
     def shell(self) -> SampleRows:
         return SampleRows(())
 
-    def with_chunk(self, start: int, payload: Any) -> SampleRows:
+    def with_chunk(self, payload: Any) -> SampleRows:
         return payload  # type: ignore[no-any-return]
 
     def head(self, stop: int) -> SampleRows:

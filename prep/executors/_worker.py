@@ -160,7 +160,7 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
             continue
         # ("run", start, stop, payload, probe)
         _, start, stop, payload, probe = msg
-        rows = shell.with_chunk(start, payload)
+        rows = shell.with_chunk(payload)
         reply: tuple[Any, ...]
         if probe:  # one row, sent back whole: its result fixes the output's shape
             try:

@@ -226,7 +226,7 @@ class ProcessExecutor(Executor):
             keys.append(key)
             columns[key] = buf
         self._arena = arena
-        return TensorRows((), rows.names), keys, columns
+        return rows.shell(), keys, columns
 
     def _dispatch(
         self, job: Job, blob: bytes, shell: Any, keys: list[int], columns: dict[int, torch.Tensor]
