@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .._structure import Output, Rows, TensorRows, flatten
-from ..errors import RemoteTraceback
+from ..errors import RemoteTraceback, RowError
 from ._base import BLOCK
 
 _THREAD_VARS = (
@@ -108,6 +108,22 @@ def write_rows(fn: Any, rows: Rows, out: Output, start: int, stop: int) -> tuple
         except Exception as exc:  # a result of the wrong type or shape
             return _error(getattr(exc, "row", block), exc, "bad-result")
     return ("done", start, stop)
+
+
+def error_from_reply(reply: tuple[Any, ...]) -> BaseException:
+    """The parent's exception for an "error" or "bad-result" reply, with ``.row`` set.
+
+    A failing row function becomes a RowError whose cause is the worker's exception
+    (its traceback text as the cause's cause); a bad result keeps its own type
+    (StackError, TypeError)."""
+    tag, row, name, text, tb, blob = reply
+    exc = rebuild(blob, name, text, tb)
+    if tag == "bad-result":
+        exc.row = row  # type: ignore[attr-defined]  (errors are ranked by row)
+        return exc
+    err = RowError(row, f"row {row}: {name}: {text}")
+    err.__cause__ = exc
+    return err
 
 
 def run_chunk(fn: Any, rows: Rows, start: int, stop: int) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ import joblib
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from .._structure import Output
-from ..errors import BatchTimeout, RowError, StackError, WorkerCrashed
+from ..errors import BatchTimeout, StackError, WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, iter_chunks
 
@@ -90,14 +90,7 @@ class JoblibExecutor(Executor):
 
     def _write(self, job: Job, reply: tuple[Any, ...]) -> list[BaseException]:
         if reply[0] != "done":
-            tag, row, name, text, tb, blob = reply
-            exc = _worker.rebuild(blob, name, text, tb)
-            if tag == "bad-result":
-                exc.row = row  # type: ignore[attr-defined]  (the first bad row is reported)
-                return [exc]
-            err = RowError(row, f"row {row}: {name}: {text}")
-            err.__cause__ = exc
-            return [err]
+            return [_worker.error_from_reply(reply)]
         _, start, spec, leaves = reply
         if job.output is None:
             job.output = Output.allocate(

@@ -40,7 +40,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from .._structure import Output, SampleRows, TensorRows, flatten
-from ..errors import BatchTimeout, ConfigError, RemoteTraceback, RowError, WorkerCrashed
+from ..errors import BatchTimeout, ConfigError, RemoteTraceback, WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, iter_chunks, threads_per_worker
 
@@ -322,12 +322,7 @@ class ProcessExecutor(Executor):
         if w.held is not None and not (w.held[0] <= row < w.held[1]):
             return []
         w.held = None
-        exc = _worker.rebuild(blob, name, text, tb)
-        if tag == "bad-result":
-            return [_with_row(exc, row)]
-        err = RowError(row, f"row {row}: {name}: {text}")
-        err.__cause__ = exc
-        return [err]
+        return [_worker.error_from_reply(msg)]
 
     def _crashed(self, w: _Worker) -> None:
         w.proc.join(1)
@@ -352,8 +347,3 @@ class _Unloadable(ConfigError):
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype
-
-
-def _with_row(exc: BaseException, row: int) -> BaseException:
-    exc.row = row  # type: ignore[attr-defined]
-    return exc
