@@ -5,18 +5,24 @@ batch's structure, per-row shapes, dtypes and device), ``auto`` calibrates on
 rows of the batch itself, writing their results into the output as it goes,
 so no row is computed twice and side effects do not repeat:
 
-1. serial: a few blocks of rows, run as the serial executor runs them ->
-   seconds per row;
-2. the batched twin, if the function has one, on 1/16 and then 1/8 of the
-   batch -> its fixed cost per call and its cost per row. If it beats serial
-   by more than the cores could, it wins at once: no pool can divide serial
-   time by more than the cores;
-3. ``torch.func.vmap`` of the row function (no twin), re-run on the serial
-   rows and compared bit for bit; dropped on any error, warning or mismatch.
-   (vmap calls the function once for many rows: it is only ever considered
-   for functions that pass that bit-for-bit check);
+1. serial: blocks of 1, 2, 4 ... rows, run as the serial executor runs them;
+   the fastest block of two or more rows gives the seconds per row (noise
+   only ever slows a block down);
+2. a batched twin, if the function has one, runs on the whole batch at once
+   and its result is the output, while the row function runs on a few rows
+   into a scratch buffer, just to time serial. If the twin beats serial by
+   more than the cores could, it has won: no pool divides serial time by
+   more than its cores. If not, the next batch is calibrated in full (twin
+   on 1/8 and 3/8 of it, then the pools);
+3. ``torch.func.vmap`` of the row function (no twin), run once on the serial
+   rows and compared bit for bit; dropped on any error, warning or mismatch,
+   or when the whole batch takes less serially (0.3 ms) than trying costs.
+   Then timed on 1/8 of the batch and, unless it has won outright, on 3/8,
+   which separates its fixed cost per call from its cost per row;
 4. the thread pool on the next rows (about 0.1 s of work) -> its speed-up
-   over serial, which shows how much of the function runs outside the GIL;
+   over serial, which shows how much of the function runs outside the GIL
+   (when threads look faster, serial is timed again right after, and the
+   speed-up is capped at the cores);
 5. processes: predicted from serial time / workers, plus the warm pool's
    dispatch cost (measured once per pool, on a no-op), the cost of copying
    the batch and result through shared memory, and, for a pool not started
@@ -24,8 +30,12 @@ so no row is computed twice and side effects do not repeat:
    Left out inside DataLoader workers, on one core, for functions that cannot
    be pickled, for CUDA batches, and for less than 10 ms of work.
 
-The lowest predicted time wins; the choice is cached for the pool's lifetime
-and re-measured when the batch size changes more than 4x.
+The lowest predicted time wins, a pool only when it saves more than 15%
+(measurement noise); the choice is cached for the pool's lifetime and
+re-measured when the batch size changes more than 4x. A process pool that
+loses a batch only because it has to start is rented, not bought: the
+batches keep count of what it would have saved, and once that pays for its
+start-up, it starts (never more than twice the best in hindsight).
 """
 
 from __future__ import annotations
@@ -56,6 +66,13 @@ START_WITH_FORKSERVER, START_COLD = 0.2, 2.5
 COLD_DISPATCH = 0.005
 #: calibration stops adding serial rows once this much time was spent
 STEP_BUDGET = 0.02
+#: threads or processes are chosen over the rest only when predicted this much faster
+#: (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
+POOL_MARGIN = 1.15
+POOLS = ("threads", "processes")
+#: seconds of serial work for a whole batch below which vmap is not tried: a first
+#: vmap call costs a few hundred microseconds whatever the rows
+MIN_VMAP_WORK = 3e-4
 
 
 @dataclass
@@ -78,6 +95,38 @@ class Calibration:
     dropped: dict[str, str] = field(default_factory=dict)
     choice: str = "serial"
     seconds: float = 0.0
+    #: seconds a started process pool would have saved on the batches run so far
+    saved_by_processes: float = 0.0
+    batches: int = 0
+    switched: str = ""
+    #: False: a twin ran the first batch but did not win outright; the next measures more
+    settled: bool = True
+
+    def processes_would_save(self, rows: int) -> float:
+        """Seconds a started process pool would save over the choice on ``rows`` rows."""
+        if (
+            not self.process_start
+            or self.choice == "processes"
+            or "processes" not in self.predicted
+        ):
+            return 0.0
+        warm = (self.predicted["processes"] - self.process_start) * POOL_MARGIN
+        return max(0.0, self.predicted[self.choice] - warm) * rows / max(1, self.rows)
+
+    def count_batch(self, rows: int) -> None:
+        """Rent or buy: a pool that costs ``process_start`` to start is started once the
+        batches run so far would have saved that much with it. Never paying more than
+        twice the best in hindsight, whether the batches stop now or go on for ever."""
+        self.batches += 1
+        self.saved_by_processes += self.processes_would_save(rows)
+        if self.process_start and self.saved_by_processes >= self.process_start:
+            self.predicted["processes"] -= self.process_start
+            self.switched = (
+                f"switched from {self.choice} to processes after {self.batches} batches: "
+                f"the {self.saved_by_processes:.2f} s they would have saved paid for "
+                f"starting the pool ({self.process_start:.1f} s)"
+            )
+            self.process_start, self.choice = 0.0, "processes"
 
     def __str__(self) -> str:
         us = lambda s: f"{s * 1e6:,.1f} us" if s is not None else "-"  # noqa: E731
@@ -101,6 +150,14 @@ class Calibration:
             ),
         ]
         lines += [f"  not considered: {k} ({why})" for k, why in self.dropped.items()]
+        if self.switched:
+            lines.append(f"  {self.switched}")
+        elif saving := self.processes_would_save(self.rows):
+            lines.append(
+                f"  processes would save {saving * 1e3:,.1f} ms a batch once started: "
+                f"they start after about {math.ceil(self.process_start / saving)} batches "
+                f"({self.saved_by_processes * 1e3:,.1f} ms saved so far)"
+            )
         lines.append(f"  choice: {self.choice}")
         return "\n".join(lines)
 
@@ -148,59 +205,121 @@ class Calibrator:
     """Runs the measurements on the first rows of one job, writing their results."""
 
     def __init__(
-        self, job: Job, get: Callable[[str], Executor], workers: int, allow_processes: bool
+        self,
+        job: Job,
+        get: Callable[[str], Executor],
+        workers: int,
+        allow_processes: bool,
+        thorough: bool = False,
     ) -> None:
         self.job = job
+        self.thorough = thorough  # measure the pools even when a twin exists
         self.get = get
         self.n = len(job.rows)
         self.cal = Calibration(rows=self.n, workers=workers)
         self.allow_processes = allow_processes
+        self._best_serial = math.inf  # seconds per row of the fastest serial block
 
-    def _serial(self, budget_rows: int) -> None:
+    def _serial(self, budget_rows: int, job: Job | None = None) -> None:
         """Seconds per row, as the serial executor runs them: blocks of 1, 2, 4 ... rows
-        (up to BLOCK) until the time or row budget is spent; the last, largest block
-        is the measurement."""
-        job = self.job
+        (up to BLOCK) until the time or row budget is spent. The fastest block of two
+        or more rows is the measurement: noise (another process, a page fault) only
+        ever makes a block slower, and the largest blocks carry the least overhead."""
+        job = job or self.job
+        n = len(job.rows)
         t = time.perf_counter()
-        job.run_range(0, 1)  # the first row allocates the output: not timed
-        job.done, per_row = 1, time.perf_counter() - t
+        job.run_range(job.done, job.done + 1)  # the first row allocates the output: not timed
+        job.done, first = job.done + 1, time.perf_counter() - t
         size, spent, took = 1, 0.0, 0.0
         # enough when a block of 2+ rows took a couple of ms (slow rows are steady) or
         # the time budget is spent; fast rows go on to full blocks, as they run for real
         while (
-            job.done < self.n
+            job.done < n
             and job.done < budget_rows
             and spent < STEP_BUDGET
             and not (took > 2e-3 and size > 2)
         ):
-            stop = min(self.n, job.done + size)
-            t = time.perf_counter()
-            job.run_range(job.done, stop)
-            took = time.perf_counter() - t
+            took = self._serial_block(size, job)
             spent += took
-            per_row = took / (stop - job.done)
-            job.done, size = stop, min(2 * size, BLOCK)
-        self.cal.serial_row = per_row
+            size = min(2 * size, BLOCK)
+        self.cal.serial_row = self._best_serial if self._best_serial < math.inf else first
+
+    def _serial_block(self, size: int, job: Job | None = None) -> float:
+        """Run the next ``size`` rows serially; keep the fastest per-row time of 2+ rows."""
+        job = job or self.job
+        stop = min(len(job.rows), job.done + size)
+        t = time.perf_counter()
+        job.run_range(job.done, stop)
+        took = time.perf_counter() - t
+        if stop - job.done > 1 or self._best_serial == math.inf:
+            self._best_serial = min(self._best_serial, took / (stop - job.done))
+        job.done = stop
+        return took
+
+    def _twin_first(self) -> None:
+        """The quick path for a function with a batched twin.
+
+        The twin runs on the whole batch and its result is the output (no copy);
+        the row function runs serially on a few rows into a scratch output, to
+        measure what the twin is up against, so it still runs at most once a row.
+        The twin wins outright when it beats serial by more than the cores could;
+        otherwise the pools are measured on the next batch (see ``Auto.run``).
+        """
+        job, cal = self.job, self.cal
+        scratch = Job(job.fn, job.rows.head(min(self.n, 4)), None, job.timeout)
+        self._serial(budget_rows=4, job=scratch)
+        t = time.perf_counter()
+        job.output = self.get("vectorized").run(job)
+        cal.vectorized_row = (time.perf_counter() - t) / self.n
+        job.done = self.n
+        cores = min(cal.workers, available_cores())
+        if cal.vectorized_row * cores < cal.serial_row:
+            cal.dropped["threads, processes"] = (
+                f"vectorized is over {cores}x faster than serial, more than {cores} cores give"
+            )
+        else:
+            cal.settled = False
+            cal.dropped["threads, processes"] = "measured on the next batch, against the twin"
 
     def _take(self, count: int) -> tuple[int, int]:
         start = self.job.done
         return start, min(self.n, start + max(1, count))
 
-    def _vectorized(self) -> None:
-        # two calls of different sizes separate the fixed cost of a call from the per-row one
-        ex, sizes, times = self.get("vectorized"), [], []
-        # slices of 1/16 and 1/8 of the batch: big enough that the twin's fixed cost per
-        # call does not pass for a cost per row
-        first = max(8, self.n // 16)
-        for size in (first, 2 * first):
-            start, stop = self._take(size)
-            if start >= self.n:
-                break
+    def _batched(self, name: str, call: Callable[[int], None]) -> None:
+        """Time a batched candidate (the twin, or vmap) on new rows of the batch.
+
+        The first slice is 1/8 of the batch, or all the rest when little is left.
+        A candidate that beats serial by more than the cores could is the winner
+        outright: it runs the rest of the batch at once, and that call is the
+        second point of its fit. Otherwise a second slice three times the first
+        separates its fixed cost per call from its cost per row (a wide lever: a
+        call of a few rows is mostly fixed cost), and the pools are measured.
+        """
+        sizes, times = [], []
+
+        def timed(count: int) -> None:
+            start, stop = self._take(count)
             t = time.perf_counter()
-            _run_slice(ex, self.job, stop)
+            call(stop)
             times.append(time.perf_counter() - t)
             sizes.append(stop - start)
-        self.cal.vectorized_fixed, self.cal.vectorized_row = _fit(sizes, times)
+
+        first = max(8, self.n // 8)
+        left = self.n - self.job.done
+        timed(left if left <= 3 * first else first)
+        cores = min(self.cal.workers, available_cores())
+        clear = times[0] / sizes[0] * cores < self.cal.serial_row
+        if self.job.done < self.n:
+            timed(self.n - self.job.done if clear else 3 * first)
+        fixed, per_row = _fit(sizes, times)
+        if name == "vectorized":
+            self.cal.vectorized_fixed, self.cal.vectorized_row = fixed, per_row
+        else:
+            self.cal.vmap_fixed, self.cal.vmap_row = fixed, per_row
+
+    def _vectorized(self) -> None:
+        ex = self.get("vectorized")
+        self._batched("vectorized", lambda stop: _run_slice(ex, self.job, stop))
 
     def _vmap(self) -> None:
         job = self.job
@@ -211,21 +330,12 @@ class Calibrator:
         head = job.rows.replace([c[:k] for c in job.rows.columns])
         ex = self.get("vmap")
         fn, _ = ex.batched(job.fn)  # type: ignore[attr-defined]
-        # the first call warms vmap up; then two sizes, each the best of two calls (vmap
-        # re-runs rows that are already in the output, so repeating costs no side effects)
-        sizes, times = [1, k // 2, k], []
+        # one call on the rows serial computed: compared bit for bit, and it warms vmap up
+        # (its first call in a process can take 100x a later one), so it is not timed
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # a vmap fallback warning means "slow path"
-                for size in sizes:
-                    part = head.replace([c[:size] for c in head.columns])
-                    best = math.inf
-                    for _ in range(1 if size == 1 else 2):
-                        t = time.perf_counter()
-                        result = part.call_batched(fn)
-                        best = min(best, time.perf_counter() - t)
-                    times.append(best)
-            spec, leaves = flatten(result)
+                spec, leaves = flatten(head.call_batched(fn))
         except Exception as exc:  # any failure just removes the candidate
             self.cal.dropped["vmap"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
             return
@@ -236,7 +346,8 @@ class Calibrator:
         if not same:
             self.cal.dropped["vmap"] = "its results differ from serial"
             return
-        self.cal.vmap_fixed, self.cal.vmap_row = _fit(sizes[1:], times[1:])
+        if job.done < self.n:
+            self._batched("vmap", lambda stop: _run_slice(ex, job, stop))
 
     def _threads(self, workers: int) -> None:
         """The thread pool itself on the next rows: its speed-up over serial, as it runs."""
@@ -247,7 +358,13 @@ class Calibrator:
         t = time.perf_counter()
         _run_slice(self.get("threads"), self.job, stop)
         per_row = (time.perf_counter() - t) / (stop - start)
-        self.cal.thread_speedup = self.cal.serial_row / per_row if per_row else 1.0
+        cores = min(workers, available_cores())
+        if self.cal.serial_row > 1.2 * per_row and self.job.done < self.n:
+            # threads look faster: serial again, side by side, before believing it
+            self._serial_block(min(BLOCK, max(2, rows // 2)))
+            self.cal.serial_row = self._best_serial
+        # no pool divides serial time by more than its cores
+        self.cal.thread_speedup = min(cores, self.cal.serial_row / per_row) if per_row else 1.0
 
     def _process_dispatch(self) -> float:
         ex = self.get("processes")
@@ -268,11 +385,19 @@ class Calibrator:
         job, cal, workers = self.job, self.cal, self.cal.workers
         tensors = isinstance(job.rows, TensorRows)
         twin = tensors and twin_of(job.fn) is not None
+        if twin and not self.thorough:
+            self._twin_first()
+            return self._finish(t0)
         # with a twin, a few serial rows suffice: they only have to show how far behind it is
-        self._serial(budget_rows=4 if twin else max(2, min(32, self.n // 8)))
+        self._serial(budget_rows=4 if twin else max(4, min(32, self.n // 8)))
         rest = lambda: self.n - job.done  # noqa: E731
         if twin and rest() > 0:
             self._vectorized()
+        elif tensors and self.n * cal.serial_row < MIN_VMAP_WORK:
+            cal.dropped["vmap"] = (
+                f"the batch takes {self.n * cal.serial_row * 1e3:.2f} ms serially: "
+                f"less than trying vmap costs"
+            )
         elif tensors:
             self._vmap()
         else:
@@ -289,11 +414,14 @@ class Calibrator:
             else:
                 cal.dropped["threads"] = "one worker, or too few rows left to measure"
             self._consider_processes(rest(), cores)
+        return self._finish(t0)
+
+    def _finish(self, t0: float) -> Calibration:
         # predicted for a whole batch of this size: the choice is kept for the next ones
         self._predict(self.n)
-        cal.sample = job.done
-        cal.seconds = time.perf_counter() - t0
-        return cal
+        self.cal.sample = self.job.done
+        self.cal.seconds = time.perf_counter() - t0
+        return self.cal
 
     def _consider_processes(self, left: int, cores: int) -> None:
         cal, job = self.cal, self.job
@@ -352,7 +480,8 @@ class Calibrator:
             p["processes"] = (
                 cal.process_start + rows * cal.serial_row / cores + cal.process_dispatch + copy
             )
-        cal.choice = min(p, key=p.__getitem__)
+        # a pool has to save more than measurement noise to be worth the cores it takes
+        cal.choice = min(p, key=lambda k: p[k] * (POOL_MARGIN if k in POOLS else 1.0))
 
 
 def _process_start_cost() -> float:
@@ -415,9 +544,13 @@ class Auto:
         with self._lock:
             cal = self._choices.get(key)
         usable = cal is not None and (allow_processes or cal.choice not in ("processes", "joblib"))
-        if cal is not None and usable and cal.rows / 4 <= n <= cal.rows * 4:
+        if cal is not None and usable and cal.settled and cal.rows / 4 <= n <= cal.rows * 4:
+            with self._lock:
+                cal.count_batch(n)
             return get(cal.choice).run(job), cal
-        cal = Calibrator(job, get, workers, allow_processes).run()
+        thorough = cal is not None and not cal.settled
+        cal = Calibrator(job, get, workers, allow_processes, thorough).run()
+        cal.count_batch(n)
         with self._lock:
             self._choices[key] = cal
         if job.done >= n:

@@ -32,8 +32,9 @@ def waits_2ms(row: torch.Tensor) -> torch.Tensor:
 
 
 def tiny(row: torch.Tensor) -> torch.Tensor:
-    """A few microseconds; ``int()`` keeps vmap out, so only serial and pools remain."""
-    return row + int(row[0] > 0)
+    """A few microseconds (about 15 with prep's own cost a row); ``numpy()`` keeps vmap
+    out, so only serial and the pools remain."""
+    return torch.from_numpy(row.numpy() * 2)
 
 
 def pure(row: torch.Tensor) -> torch.Tensor:
@@ -56,7 +57,7 @@ CLEAR_WINNERS = [
     ),
     ("gil-bound 5 ms", python_5ms, lambda: torch.arange(256.0).view(256, 1), {"processes"}),
     ("gil-releasing", waits_2ms, lambda: torch.arange(128.0).view(128, 1), {"threads"}),
-    ("5 us a row", tiny, lambda: torch.randn(2048, 4), {"serial"}),
+    ("15 us a row", tiny, lambda: torch.randn(2048, 4), {"serial"}),
     ("vmap-able", pure, lambda: torch.randn(4096, 4), {"vmap"}),
 ]
 
@@ -138,3 +139,96 @@ def test_auto_on_samples_and_zero_rows():
     assert torch.equal(got, torch.stack([tiny(s) for s in samples]))
     out = torch.empty(0, 3)
     assert prep.map_rows(tiny, torch.empty(0, 3), out=out) is out
+
+
+def test_a_twin_that_wins_outright_runs_the_batch_in_one_call():
+    calls = {"row": 0, "twin": 0}
+
+    def twin(x: torch.Tensor) -> torch.Tensor:
+        calls["twin"] += 1
+        return x * 2 + 1
+
+    @prep.rowwise(batched=twin)
+    def double_plus_one(row: torch.Tensor) -> torch.Tensor:
+        calls["row"] += 1
+        return row * 2 + 1
+
+    x = torch.randn(512, 8)
+    with prep.Pool("auto", workers=2) as pool:
+        got = pool.map_rows(double_plus_one, x)
+        (cal,) = pool._auto.choices().values()
+    assert torch.equal(got, x * 2 + 1)
+    assert cal.choice == "vectorized" and cal.settled, str(cal)
+    # the twin made the whole output; the row function ran on a few rows, once each
+    assert calls["twin"] == 1 and 1 <= calls["row"] <= 4
+
+
+def test_a_twin_that_does_not_win_outright_has_the_pools_measured_next_batch():
+    def slow_twin(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.002 * len(x))  # no faster than the rows, and it releases the GIL
+        return x * 2
+
+    @prep.rowwise(batched=slow_twin)
+    def doubled(row: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.002)
+        return row * 2
+
+    x = torch.arange(128.0).view(128, 1)
+    with prep.Pool("auto", workers=2) as pool:
+        assert torch.equal(pool.map_rows(doubled, x), x * 2)
+        (first,) = pool._auto.choices().values()
+        assert not first.settled and first.thread_speedup is None, str(first)
+        assert torch.equal(pool.map_rows(doubled, x), x * 2)
+        (second,) = pool._auto.choices().values()
+    assert second.settled and second.thread_speedup is not None, str(second)
+    assert second.choice == "threads", str(second)  # sleeping rows overlap on two threads
+
+
+def test_processes_start_once_their_savings_would_have_paid_for_it():
+    from prep.auto import Calibration
+
+    cal = Calibration(rows=100, workers=2, process_start=0.2, choice="serial")
+    # warm, processes would take 50 ms, counted as 57.5 ms with POOL_MARGIN: 57.5 ms saved
+    cal.predicted = {"serial": 0.115, "processes": 0.2 + 0.05}
+    for _ in range(3):
+        cal.count_batch(100)
+        assert cal.choice == "serial"  # 172.5 ms saved so far: less than the start
+    assert "start after about 4 batches" in str(cal)
+    cal.count_batch(100)
+    assert cal.choice == "processes" and cal.process_start == 0.0
+    assert cal.predicted["processes"] == pytest.approx(0.05)
+    assert "after 4 batches" in str(cal)
+
+
+def test_processes_start_after_a_few_batches_in_a_pool(monkeypatch):
+    import prep.auto
+
+    # a pool that seems to cost 0.3 s to start loses one 64-row batch of 5 ms rows
+    # (0.32 s serially, about 0.16 s on two processes) but wins from the second on
+    monkeypatch.setattr(prep.auto, "_process_start_cost", lambda: 0.3)
+    x = torch.arange(64.0).view(64, 1)
+    with prep.Pool("auto", workers=2) as pool:
+        pool.map_rows(python_5ms, x)
+        (cal,) = pool._auto.choices().values()
+        assert cal.choice != "processes", str(cal)
+        for _ in range(3):
+            got = pool.map_rows(python_5ms, x)
+    assert cal.choice == "processes" and "switched from" in str(cal), str(cal)
+    assert torch.equal(got, x)
+
+
+def hiccup(row: torch.Tensor) -> torch.Tensor:
+    """A few microseconds, but rows 16-31 (one of calibration's serial blocks) take
+    0.2 ms each, as if another process had taken the core; ``int()`` keeps vmap out."""
+    if 16 <= int(row[0]) < 32:
+        time.sleep(2e-4)
+    return row + 1
+
+
+def test_one_noisy_serial_block_does_not_make_threads_win():
+    x = torch.arange(2048.0).view(2048, 1)
+    with prep.Pool("auto", workers=2) as pool:
+        assert torch.equal(pool.map_rows(hiccup, x), x + 1)
+        (cal,) = pool._auto.choices().values()
+    assert cal.serial_row < 50e-6, str(cal)  # the fastest block counts, not the last
+    assert cal.choice == "serial", str(cal)
