@@ -51,6 +51,10 @@ class Rows:
         raise NotImplementedError
 
 
+#: rows whose views are made together, on first use
+VIEWS = 64
+
+
 @dataclass(frozen=True)
 class TensorRows(Rows):
     """Rows of one tensor, a tuple of tensors, or a dict of tensors (``names``)."""
@@ -63,15 +67,24 @@ class TensorRows(Rows):
         return self.columns[0].shape[0]
 
     def call(self, fn: Callable[..., Any], i: int) -> Any:
-        row = [c[i - self.offset] for c in self._unbound]
+        j = i - self.offset
+        views = self._views.get(j // VIEWS) or self._unbind(j // VIEWS)
+        row = [v[j % VIEWS] for v in views]
         if self.names is not None:
             return fn(**dict(zip(self.names, row)))
         return fn(*row)
 
     @functools.cached_property
-    def _unbound(self) -> list[tuple[Tensor, ...]]:
-        # one C++ call makes every row view; indexing a tensor per row costs 3x more
-        return [c.unbind(0) for c in self.columns]
+    def _views(self) -> dict[int, list[tuple[Tensor, ...]]]:
+        return {}
+
+    def _unbind(self, block: int) -> list[tuple[Tensor, ...]]:
+        # one C++ call makes a block's row views (indexing a tensor per row costs 3x
+        # more); a block at a time, so rows that never run (auto hands them to a
+        # batched call) cost nothing. Threads may race to fill a block: the same views
+        views = [c[block * VIEWS : (block + 1) * VIEWS].unbind(0) for c in self.columns]
+        self._views[block] = views
+        return views
 
     def __reduce__(self) -> tuple[Any, ...]:  # never pickle the cached row views
         return (TensorRows, (self.columns, self.names, self.offset))
@@ -312,15 +325,11 @@ class Output:
         return Output(self.spec, bufs, self.first_row)
 
     @functools.cached_property
-    def _rows(self) -> list[tuple[Tensor, ...]]:
-        return [b.unbind(0) for b in self.buffers]
-
-    @functools.cached_property
     def _layout(self) -> list[tuple[torch.Size, torch.dtype]]:
         return [(b.shape[1:], b.dtype) for b in self.buffers]
 
-    def __getstate__(self) -> dict[str, Any]:  # never pickle the cached row views
-        return {k: v for k, v in self.__dict__.items() if k not in ("_rows", "_layout")}
+    def __getstate__(self) -> dict[str, Any]:  # never pickle the cached layout
+        return {k: v for k, v in self.__dict__.items() if k != "_layout"}
 
     def write(self, i: int, result: Any) -> None:
         with torch.no_grad():  # preprocessing: outputs carry no autograd history
@@ -332,7 +341,9 @@ class Output:
             and self.spec.kind == "tensor"
             and (result.shape, result.dtype) == self._layout[0]
         ):
-            self._rows[0][i - self.offset].copy_(result)  # the common case, kept short
+            # the common case, kept short (a view per row: unbinding all rows up front
+            # costs a microsecond a row of the whole batch, before the first write)
+            self.buffers[0][i - self.offset].copy_(result)
             return
         spec, leaves = flatten(result, what=f"the row function, on row {i},")
         if spec != self.spec:
@@ -340,9 +351,7 @@ class Output:
                 f"row {i} returned {_spec_text(spec)} but {self._origin()} "
                 f"{_spec_text(self.spec)}; every row must return the same structure"
             )
-        for key, buf, rows, leaf in zip(
-            spec.keys or range(spec.n), self.buffers, self._rows, leaves
-        ):
+        for key, buf, leaf in zip(spec.keys or range(spec.n), self.buffers, leaves):
             if leaf.shape != buf.shape[1:] or leaf.dtype != buf.dtype:
                 where = "" if spec.kind == "tensor" else f" (result {key!r})"
                 raise StackError(
@@ -351,7 +360,7 @@ class Output:
                     f"return equal shapes and dtypes to be stacked (pad or crop them in the "
                     f"row function)"
                 )
-            rows[i - self.offset].copy_(leaf)
+            buf[i - self.offset].copy_(leaf)
 
     def write_block(self, start: int, results: Sequence[Any]) -> None:
         """Rows ``start, start + 1, ...``: one ``torch.stack`` per leaf straight into the

@@ -134,8 +134,8 @@ class Calibration:
             f"auto: {self.rows} rows, {self.workers} workers; calibrated on {self.sample} rows "
             f"in {self.seconds * 1e3:.1f} ms",
             f"  serial {us(self.serial_row)}/row"
-            + (f", vectorized {us(self.vectorized_row)}/row" if self.vectorized_row else "")
-            + (f", vmap {us(self.vmap_row)}/row" if self.vmap_row else "")
+            + (_batched_cost("vectorized", self.vectorized_fixed, self.vectorized_row))
+            + (_batched_cost("vmap", self.vmap_fixed, self.vmap_row))
             + (f", threads run {self.thread_speedup:.2f}x serial" if self.thread_speedup else "")
             + (
                 f", process dispatch {self.process_dispatch * 1e3:.2f} ms/batch"
@@ -160,6 +160,14 @@ class Calibration:
             )
         lines.append(f"  choice: {self.choice}")
         return "\n".join(lines)
+
+
+def _batched_cost(name: str, fixed: float, per_row: float | None) -> str:
+    if per_row is None:
+        return ""
+    return f", {name} {per_row * 1e6:,.1f} us/row" + (
+        f" + {fixed * 1e3:.2f} ms a call" if fixed else ""
+    )
 
 
 # ---------------------------------------------------------------- signature
@@ -222,15 +230,16 @@ class Calibrator:
 
     def _serial(self, budget_rows: int, job: Job | None = None) -> None:
         """Seconds per row, as the serial executor runs them: blocks of 1, 2, 4 ... rows
-        (up to BLOCK) until the time or row budget is spent. The fastest block of two
-        or more rows is the measurement: noise (another process, a page fault) only
-        ever makes a block slower, and the largest blocks carry the least overhead."""
+        (8, 16, 32 for rows under 0.1 ms) until the time or row budget is spent. The
+        fastest block of two or more rows is the measurement: noise (another process,
+        a page fault) only ever slows a block, and large blocks carry less overhead."""
         job = job or self.job
         n = len(job.rows)
         t = time.perf_counter()
         job.run_range(job.done, job.done + 1)  # the first row allocates the output: not timed
         job.done, first = job.done + 1, time.perf_counter() - t
-        size, spent, took = 1, 0.0, 0.0
+        # fast rows start at a block of 8 (a block of 1 times mostly the block's own cost)
+        size, spent, took = (8 if first < 1e-4 else 1), 0.0, 0.0
         # enough when a block of 2+ rows took a couple of ms (slow rows are steady) or
         # the time budget is spent; fast rows go on to full blocks, as they run for real
         while (
@@ -326,7 +335,7 @@ class Calibrator:
         if not isinstance(job.rows, TensorRows) or job.output is None or job.done < 2:
             self.cal.dropped["vmap"] = "needs a batch of tensors and two measured rows"
             return
-        k = job.done
+        k = min(job.done, 8)  # enough rows to compare; each is computed twice
         head = job.rows.replace([c[:k] for c in job.rows.columns])
         ex = self.get("vmap")
         fn, _ = ex.batched(job.fn)  # type: ignore[attr-defined]

@@ -3,8 +3,8 @@
     Grid ─▶ start-up probe: a fresh prep.Pool per executor x workers, first call vs warm
          ─▶ for each workload x rows: the batch (made once) and serial's result
              └▶ for each workers: a group of variants
-                  auto's first call, timed alone (calibration included)
                   one checked call per variant (raises, or differs from serial: failed)
+                  auto's first call on a fresh pool, timed alone (calibration included)
                   interleaved repeats (prep.bench.interleaved) ─▶ one Cell per variant
          ─▶ Results: winners, auto vs best, environment; report.py and plots.py draw it
 
@@ -212,17 +212,9 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
     auto_pool = api.Pool(AUTO, workers=g.workers, timeout=g.grid.timeout) if AUTO in names else None
     try:
         variants, naive_rows = _variants(g, names, auto_pool)
-        first_call: float | None = None
-        if auto_pool is not None:
-            # a fresh pool has calibrated nothing: its first call is auto's true first call
-            timed: list[float] = []
-            error = _check(variants[AUTO], g.reference, g.rows, timed)
-            first_call = timed[0] if timed else None
-            if error:
-                g.put(AUTO_FIRST, "failed", error)
         for name in list(variants):
             if name == AUTO:
-                continue  # its first call just ran
+                continue
             # each variant's first call is untimed (it warms pools and caches) and checked
             error = _check(
                 variants[name], g.reference, naive_rows if name == PLAIN_JOBLIB else g.rows
@@ -230,6 +222,16 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
             if error:
                 g.put(name, "failed", error)
                 del variants[name]
+        first_call: float | None = None
+        if auto_pool is not None:
+            # a fresh pool has calibrated nothing and started nothing: its first call is
+            # auto's true first call. It runs after the others' first calls, so what a
+            # process pays once (vmap's or a twin's first call) falls on no variant
+            timed: list[float] = []
+            error = _check(variants[AUTO], g.reference, g.rows, timed)
+            first_call = timed[0] if timed else None
+            if error:
+                g.put(AUTO_FIRST, "failed", error)
         timings = _timed(g, variants)
         serial = timings["serial"].median if "serial" in timings else None
         for name, timing in timings.items():
