@@ -272,7 +272,8 @@ def map_samples(
 def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -> Calibration:
     """Calibrate ``auto`` on ``batch`` and return what it measured, predicted and chose.
 
-    Only the calibration rows are computed. ``print()`` the result for a few
+    Only the rows calibration needs are computed (all of them where a batched
+    twin or vmap runs the rest at once). ``print()`` the result for a few
     readable lines; its fields (``predicted``, ``choice``, ...) are there for code.
 
     >>> import torch, prep

@@ -17,8 +17,10 @@ so no row is computed twice and side effects do not repeat:
 3. ``torch.func.vmap`` of the row function (no twin), run once on the serial
    rows and compared bit for bit; dropped on any error, warning or mismatch,
    or when the whole batch takes less serially (0.3 ms) than trying costs.
-   Then timed on 1/8 of the batch and, unless it has won outright, on 3/8,
-   which separates its fixed cost per call from its cost per row;
+   Like a twin, it then runs all the rest of the first batch in one call;
+   unless that wins outright, the next batch is calibrated in full (vmap on
+   1/8 and 3/8 of it, separating its fixed cost per call from its cost per
+   row, then the pools);
 4. the thread pool on the next rows (about 0.1 s of work) -> its speed-up
    over serial, which shows how much of the function runs outside the GIL
    (when threads look faster, serial is timed again right after, and the
@@ -70,6 +72,9 @@ STEP_BUDGET = 0.02
 #: (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
 POOL_MARGIN = 1.15
 POOLS = ("threads", "processes")
+#: seconds of serial work for a whole batch below which no pool is measured: a thread
+#: pool's dispatch costs a few tenths of a millisecond
+MIN_POOL_WORK = 2e-3
 #: seconds of serial work for a whole batch below which vmap is not tried: a first
 #: vmap call costs a few hundred microseconds whatever the rows
 MIN_VMAP_WORK = 3e-4
@@ -230,7 +235,7 @@ class Calibrator:
 
     def _serial(self, budget_rows: int, job: Job | None = None) -> None:
         """Seconds per row, as the serial executor runs them: blocks of 1, 2, 4 ... rows
-        (8, 16, 32 for rows under 0.1 ms) until the time or row budget is spent. The
+        (8, 16, 32 for rows under 1 ms) until the time or row budget is spent. The
         fastest block of two or more rows is the measurement: noise (another process,
         a page fault) only ever slows a block, and large blocks carry less overhead."""
         job = job or self.job
@@ -239,7 +244,7 @@ class Calibrator:
         job.run_range(job.done, job.done + 1)  # the first row allocates the output: not timed
         job.done, first = job.done + 1, time.perf_counter() - t
         # fast rows start at a block of 8 (a block of 1 times mostly the block's own cost)
-        size, spent, took = (8 if first < 1e-4 else 1), 0.0, 0.0
+        size, spent, took = (8 if first < 1e-3 else 1), 0.0, 0.0
         # enough when a block of 2+ rows took a couple of ms (slow rows are steady) or
         # the time budget is spent; fast rows go on to full blocks, as they run for real
         while (
@@ -286,6 +291,11 @@ class Calibrator:
             cal.dropped["threads, processes"] = (
                 f"vectorized is over {cores}x faster than serial, more than {cores} cores give"
             )
+        elif self.n * cal.serial_row < MIN_POOL_WORK:
+            cal.dropped["threads, processes"] = (
+                f"the batch takes {self.n * cal.serial_row * 1e3:.2f} ms serially: "
+                f"about what a pool's dispatch costs"
+            )
         else:
             cal.settled = False
             cal.dropped["threads, processes"] = "measured on the next batch, against the twin"
@@ -297,12 +307,13 @@ class Calibrator:
     def _batched(self, name: str, call: Callable[[int], None]) -> None:
         """Time a batched candidate (the twin, or vmap) on new rows of the batch.
 
-        The first slice is 1/8 of the batch, or all the rest when little is left.
-        A candidate that beats serial by more than the cores could is the winner
+        The first slice is 1/8 of the batch (less when few rows are left). A
+        candidate that beats serial by more than the cores could is the winner
         outright: it runs the rest of the batch at once, and that call is the
         second point of its fit. Otherwise a second slice three times the first
-        separates its fixed cost per call from its cost per row (a wide lever: a
-        call of a few rows is mostly fixed cost), and the pools are measured.
+        (at most half of what is left) separates its fixed cost per call from its
+        cost per row (a wide lever: a call of a few rows is mostly fixed cost),
+        and the pools are measured on the rest.
         """
         sizes, times = [], []
 
@@ -313,13 +324,15 @@ class Calibrator:
             times.append(time.perf_counter() - t)
             sizes.append(stop - start)
 
-        first = max(8, self.n // 8)
+        # slices of 1/8 and 3/8 of the batch, leaving at least half the rows for the pools
         left = self.n - self.job.done
-        timed(left if left <= 3 * first else first)
+        first = max(2, min(max(8, self.n // 8), left // 4))
+        timed(first)
         cores = min(self.cal.workers, available_cores())
         clear = times[0] / sizes[0] * cores < self.cal.serial_row
-        if self.job.done < self.n:
-            timed(self.n - self.job.done if clear else 3 * first)
+        left = self.n - self.job.done
+        if left:
+            timed(left if clear else min(3 * first, left // 2))
         fixed, per_row = _fit(sizes, times)
         if name == "vectorized":
             self.cal.vectorized_fixed, self.cal.vectorized_row = fixed, per_row
@@ -355,8 +368,16 @@ class Calibrator:
         if not same:
             self.cal.dropped["vmap"] = "its results differ from serial"
             return
-        if job.done < self.n:
+        if job.done >= self.n:
+            return
+        if self.thorough:
             self._batched("vmap", lambda stop: _run_slice(ex, job, stop))
+            return
+        # first batch: vmap runs all the rest in one call, as a twin would; if it does not
+        # win outright, the next batch measures it against the pools (see ``run``)
+        start, t = job.done, time.perf_counter()
+        _run_slice(ex, job, self.n)
+        self.cal.vmap_fixed, self.cal.vmap_row = 0.0, (time.perf_counter() - t) / (self.n - start)
 
     def _threads(self, workers: int) -> None:
         """The thread pool itself on the next rows: its speed-up over serial, as it runs."""
@@ -417,6 +438,14 @@ class Calibrator:
             cal.dropped["threads, processes"] = (
                 f"vectorized is over {cores}x faster than serial, more than {cores} cores give"
             )
+        elif self.n * cal.serial_row < MIN_POOL_WORK:
+            cal.dropped["threads, processes"] = (
+                f"the batch takes {self.n * cal.serial_row * 1e3:.2f} ms serially: "
+                f"about what a pool's dispatch costs"
+            )
+        elif rest() == 0 and not self.thorough:  # vmap ran the rest and did not win outright
+            cal.settled = False
+            cal.dropped["threads, processes"] = "measured on the next batch, against vmap"
         else:
             if workers > 1 and rest() >= 4 * workers:
                 self._threads(workers)

@@ -232,3 +232,21 @@ def test_one_noisy_serial_block_does_not_make_threads_win():
         (cal,) = pool._auto.choices().values()
     assert cal.serial_row < 50e-6, str(cal)  # the fastest block counts, not the last
     assert cal.choice == "serial", str(cal)
+
+
+def big_sin(row: torch.Tensor) -> torch.Tensor:
+    """Large rows: one vmapped call is no faster than a loop over them."""
+    return torch.sin(row)
+
+
+def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_not_win():
+    x = torch.randn(32, 256, 1024)
+    with prep.Pool("auto", workers=2) as pool:
+        assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
+        (first,) = pool._auto.choices().values()
+        # vmap (checked bit for bit) ran the rest of the batch in one call
+        assert first.vmap_row is not None and first.sample == 32, str(first)
+        assert not first.settled and first.thread_speedup is None, str(first)
+        assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
+        (second,) = pool._auto.choices().values()
+    assert second.settled and second.thread_speedup is not None, str(second)
