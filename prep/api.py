@@ -288,7 +288,7 @@ def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -
     n_workers = resolve_workers(workers)
     job = Job(fn, rows)
     get = lambda name: _warm_executor(name, n_workers)  # noqa: E731
-    return Calibrator(job, get, n_workers, not in_worker_process()).run()
+    return Calibrator(job, get, n_workers, not in_worker_process(), prestart=False).run()
 
 
 class Pool:

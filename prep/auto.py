@@ -106,6 +106,8 @@ class Calibration:
     switched: str = ""
     #: False: a twin ran the first batch but did not win outright; the next measures more
     settled: bool = True
+    #: the process pool was started during calibration, for the batches after this one
+    prestarted: bool = False
 
     def processes_would_save(self, rows: int) -> float:
         """Seconds a started process pool would save over the choice on ``rows`` rows."""
@@ -119,19 +121,27 @@ class Calibration:
         return max(0.0, self.predicted[self.choice] - warm) * rows / max(1, self.rows)
 
     def count_batch(self, rows: int) -> None:
-        """Rent or buy: a pool that costs ``process_start`` to start is started once the
-        batches run so far would have saved that much with it. Never paying more than
-        twice the best in hindsight, whether the batches stop now or go on for ever."""
+        """Rent or buy. A process pool that loses this batch only because it has to
+        start is started anyway when that is cheap (the forkserver is up: its workers
+        come up while this batch finishes), and used from the next batch. When it is
+        not (2.5 s with torch to import), it starts once the batches run so far would
+        have saved that much with it: never paying more than twice the best in
+        hindsight, whether the batches stop now or go on for ever."""
         self.batches += 1
         self.saved_by_processes += self.processes_would_save(rows)
-        if self.process_start and self.saved_by_processes >= self.process_start:
-            self.predicted["processes"] -= self.process_start
-            self.switched = (
-                f"switched from {self.choice} to processes after {self.batches} batches: "
-                f"the {self.saved_by_processes:.2f} s they would have saved paid for "
-                f"starting the pool ({self.process_start:.1f} s)"
-            )
-            self.process_start, self.choice = 0.0, "processes"
+        paid = self.saved_by_processes >= self.process_start
+        if not self.process_start or not (paid or (self.prestarted and self.batches > 1)):
+            return
+        why = (
+            f"the {self.saved_by_processes:.2f} s they would have saved paid for starting "
+            f"the pool ({self.process_start:.1f} s)"
+            if paid
+            else "its workers started during the first batch"
+        )
+        self.predicted["processes"] -= self.process_start
+        before, self.process_start = self.choice, 0.0
+        self.choice = _choose(self.predicted)
+        self.switched = f"from batch {self.batches} on: {before} -> {self.choice}, as {why}"
 
     def __str__(self) -> str:
         us = lambda s: f"{s * 1e6:,.1f} us" if s is not None else "-"  # noqa: E731
@@ -157,6 +167,11 @@ class Calibration:
         lines += [f"  not considered: {k} ({why})" for k, why in self.dropped.items()]
         if self.switched:
             lines.append(f"  {self.switched}")
+        elif self.prestarted:
+            lines.append(
+                "  processes lose this batch only by their start-up: their workers are "
+                "starting now, for the next batches"
+            )
         elif saving := self.processes_would_save(self.rows):
             lines.append(
                 f"  processes would save {saving * 1e3:,.1f} ms a batch once started: "
@@ -224,9 +239,11 @@ class Calibrator:
         workers: int,
         allow_processes: bool,
         thorough: bool = False,
+        prestart: bool = True,
     ) -> None:
         self.job = job
         self.thorough = thorough  # measure the pools even when a twin exists
+        self.prestart = prestart  # may start a process pool for the next batches
         self.get = get
         self.n = len(job.rows)
         self.cal = Calibration(rows=self.n, workers=workers)
@@ -518,8 +535,19 @@ class Calibrator:
             p["processes"] = (
                 cal.process_start + rows * cal.serial_row / cores + cal.process_dispatch + copy
             )
-        # a pool has to save more than measurement noise to be worth the cores it takes
-        cal.choice = min(p, key=lambda k: p[k] * (POOL_MARGIN if k in POOLS else 1.0))
+        cal.choice = _choose(p)
+        if (
+            self.prestart
+            and cal.process_start == START_WITH_FORKSERVER
+            and cal.processes_would_save(cal.rows) > 0
+        ):
+            self.get("processes").prestart()  # type: ignore[attr-defined]
+            cal.prestarted = True
+
+
+def _choose(predicted: dict[str, float]) -> str:
+    # a pool has to save more than measurement noise to be worth the cores it takes
+    return min(predicted, key=lambda k: predicted[k] * (POOL_MARGIN if k in POOLS else 1.0))
 
 
 def _process_start_cost() -> float:

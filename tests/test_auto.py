@@ -197,7 +197,7 @@ def test_processes_start_once_their_savings_would_have_paid_for_it():
     cal.count_batch(100)
     assert cal.choice == "processes" and cal.process_start == 0.0
     assert cal.predicted["processes"] == pytest.approx(0.05)
-    assert "after 4 batches" in str(cal)
+    assert "from batch 4 on: serial -> processes" in str(cal)
 
 
 def test_processes_start_after_a_few_batches_in_a_pool(monkeypatch):
@@ -213,7 +213,7 @@ def test_processes_start_after_a_few_batches_in_a_pool(monkeypatch):
         assert cal.choice != "processes", str(cal)
         for _ in range(3):
             got = pool.map_rows(python_5ms, x)
-    assert cal.choice == "processes" and "switched from" in str(cal), str(cal)
+    assert cal.choice == "processes" and "paid for starting the pool" in str(cal), str(cal)
     assert torch.equal(got, x)
 
 
@@ -250,3 +250,17 @@ def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_no
         assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
         (second,) = pool._auto.choices().values()
     assert second.settled and second.thread_speedup is not None, str(second)
+
+
+def test_a_pool_that_loses_only_by_its_start_up_starts_for_the_next_batch():
+    # with the forkserver up, workers start in milliseconds and get ready in the background
+    prep.map_rows(rowfns.affine, torch.ones(2, 1), executor="processes", workers=2)
+    x = torch.arange(48.0).view(48, 1)  # 0.24 s serially, ~0.12 s on two processes
+    with prep.Pool("auto", workers=2) as pool:
+        assert torch.equal(pool.map_rows(python_5ms, x), x)
+        (cal,) = pool._auto.choices().values()
+        assert cal.choice == "serial" and cal.prestarted, str(cal)
+        assert len(pool._executors["processes"].pids) == 2  # started, not waited for
+        assert torch.equal(pool.map_rows(python_5ms, x), x)
+    assert cal.choice == "processes", str(cal)
+    assert "from batch 2 on: serial -> processes" in str(cal)

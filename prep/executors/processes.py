@@ -130,6 +130,12 @@ class ProcessExecutor(Executor):
             while len(self._workers) < self.workers:
                 self._workers.append(_Worker(ctx, threads))
 
+    def prestart(self) -> None:
+        """Start the workers now, without waiting for them: they get ready while the
+        caller goes on, and the next batch finds them up (``auto`` does this)."""
+        with self._lock:
+            self._ensure_started()
+
     def _reset(self) -> None:
         """Kill every worker; the next call starts fresh ones."""
         workers, self._workers = self._workers, []
