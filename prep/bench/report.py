@@ -373,8 +373,9 @@ def markdown(results: Results, plots: list[str] | None = None) -> str:
             "",
             f"## {AUTO} against the best executor",
             "",
-            f"N = {calls} calls of one fresh pool: auto's first call and its timed "
-            f"repeats, against the best executor's median times N plus its pool's start-up.",
+            f"N = {calls} calls of one fresh pool: auto's first call plus N - 1 times its "
+            f"warm median, against the best executor's median times N plus its pool's "
+            f"start-up.",
             "",
             table(body, header),
             "",

@@ -271,10 +271,11 @@ class Results:
         - ``auto_ratio``: warm auto's median over the best executor's median;
         - ``auto_first_ratio``: auto's first call alone, calibration included,
           over the best executor's warm median;
-        - ``auto_calls_ratio``: a fresh pool's first ``calls`` calls, all measured
-          (the first call plus the timed repeats, on one pool), over the best
-          executor's time for as many calls *and* its pool's start-up (the
-          start-up probe's): the way a pool is used, over a few batches.
+        - ``auto_calls_ratio``: a fresh pool's first ``calls`` calls (its measured
+          first call, then warm auto's median for each later one), over the best
+          executor's median for as many calls *plus* its pool's start-up (the
+          start-up probe's): the way a pool is used, over a few batches. Medians
+          on both sides, so one stray slow repeat moves neither.
         """
         entries = []
         starts = {(s.executor, s.workers): s.startup_s or 0.0 for s in self.startup}
@@ -307,9 +308,9 @@ class Results:
                 "best_calls_s": None,
                 "auto_calls_ratio": None,
             }
-            if warm and first and first.median_s is not None and warm.samples_s:
+            if warm and first and first.median_s is not None and warm.median_s is not None:
                 calls = 1 + len(warm.samples_s)
-                auto_calls = first.median_s + sum(warm.samples_s)
+                auto_calls = first.median_s + (calls - 1) * warm.median_s
                 best_calls = min(
                     starts.get((c.executor, c.workers), 0.0) + calls * (c.median_s or 0.0)
                     for c in execs
