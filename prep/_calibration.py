@@ -29,6 +29,8 @@ class Calibration:
     rows: int
     workers: int
     serial_row: float = math.nan
+    #: CPU seconds per wall second while serial ran: above 1, torch's threads helped
+    serial_cores: float = 1.0
     vectorized_row: float | None = None
     vmap_row: float | None = None
     thread_speedup: float | None = None
@@ -90,6 +92,7 @@ class Calibration:
             f"auto: {self.rows} rows, {self.workers} workers; calibrated on {self.sample} rows "
             f"in {self.seconds * 1e3:.1f} ms",
             f"  serial {us(self.serial_row)}/row"
+            + (f" on {self.serial_cores:.1f} cores" if self.serial_cores >= 1.15 else "")
             + (f", vectorized {us(self.vectorized_row)}/row" if self.vectorized_row else "")
             + (f", vmap {us(self.vmap_row)}/row" if self.vmap_row else "")
             + (f", threads run {self.thread_speedup:.2f}x serial" if self.thread_speedup else "")

@@ -22,7 +22,8 @@ so no row is computed twice and side effects do not repeat:
    (about 0.1 s of work) -> its speed-up over serial, which shows how much of
    the function runs outside the GIL (when threads look faster, serial is
    timed again right after; the speed-up is capped at the cores);
-4. processes: predicted from serial time / workers, plus the warm pool's
+4. processes: predicted from serial time / workers (times the cores serial
+   already kept busy, from its CPU time: torch's own threads), plus the warm pool's
    dispatch cost (measured once per pool, on a no-op), the cost of copying
    the batch and result through shared memory, and, for a pool not started
    yet, its start-up (0.2 s with the forkserver running, 2.5 s without).
@@ -98,6 +99,7 @@ class Calibrator:
         self.prestart = prestart  # may start a process pool for the next batches
         self.cores = min(workers, available_cores())
         self._best_serial = math.inf  # seconds per row of the fastest serial block
+        self._serial_cpu = self._serial_wall = 0.0  # over the serial blocks
 
     def run(self) -> Calibration:
         t0 = time.perf_counter()
@@ -161,14 +163,19 @@ class Calibrator:
             spent += took
             size = min(2 * size, BLOCK)
         self.cal.serial_row = self._best_serial if self._best_serial < math.inf else first
+        if self._serial_wall > 1e-3:  # torch's intra-op threads may already use the cores
+            used = self._serial_cpu / self._serial_wall
+            self.cal.serial_cores = min(max(1.0, used), float(available_cores()))
 
     def _serial_block(self, size: int, job: Job | None = None) -> float:
         """Run the next ``size`` rows serially; keep the fastest per-row time of 2+ rows."""
         job = job or self.job
         stop = min(len(job.rows), job.done + size)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         job.run_range(job.done, stop)
         took = time.perf_counter() - t
+        self._serial_cpu += time.process_time() - cpu
+        self._serial_wall += took
         if stop - job.done > 1 or self._best_serial == math.inf:
             self._best_serial = min(self._best_serial, took / (stop - job.done))
         job.done = stop
@@ -337,9 +344,11 @@ class Calibrator:
             p["threads"] = rows * cal.serial_row / max(cal.thread_speedup, 1e-9) + 2e-4
         if cal.process_dispatch is not None:
             copy = rows * cal.bytes_per_row / 4e9  # through shared memory, about 4 GB/s
-            p["processes"] = (
-                cal.process_start + rows * cal.serial_row / self.cores + cal.process_dispatch + copy
-            )
+            # each worker gets cores // workers threads: the work a serial row spread over
+            # serial_cores cores is what the workers share
+            work = rows * cal.serial_row * cal.serial_cores / self.cores
+            p["processes"] = cal.process_start + max(work, rows * cal.serial_row / self.cores)
+            p["processes"] += cal.process_dispatch + copy
         cal.choice = choose(p)
         if (
             self.prestart
