@@ -10,6 +10,7 @@ import torch
 
 import prep
 import prep.api
+from prep.executors import available_cores
 from prep.ops import side_context_row
 from tests import rowfns
 
@@ -264,3 +265,27 @@ def test_a_pool_that_loses_only_by_its_start_up_starts_for_the_next_batch():
         assert torch.equal(pool.map_rows(python_5ms, x), x)
     assert cal.choice == "processes", str(cal)
     assert "from batch 2 on: serial -> processes" in str(cal)
+
+
+def matmuls_256(row: torch.Tensor) -> torch.Tensor:
+    """Products of 256x256 matrices: torch's own intra-op threads use every core."""
+    for _ in range(4):
+        row = row @ row
+        row = row / row.norm()
+    return row
+
+
+@pytest.mark.skipif(
+    available_cores() < 2 or torch.get_num_threads() < 2,
+    reason="needs torch to run on two cores",
+)
+def test_processes_do_not_divide_work_that_torch_already_spreads_over_the_cores():
+    x = torch.randn(64, 256, 256)
+    with prep.Pool("auto", workers=2) as pool:
+        pool.map_rows(matmuls_256, x)  # vmap runs it; the pools are measured next batch
+        pool.map_rows(matmuls_256, x)
+        (cal,) = pool._auto.choices().values()
+    assert cal.serial_cores >= 1.3, str(cal)  # CPU seconds per wall second, serially
+    # two workers of one thread each do the same work as serial on two threads
+    warm = cal.predicted["processes"] - cal.process_start
+    assert warm >= cal.predicted["serial"] / 1.3, str(cal)
