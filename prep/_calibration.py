@@ -29,7 +29,9 @@ class Calibration:
     rows: int
     workers: int
     serial_row: float = math.nan
-    #: CPU seconds per wall second while serial ran: above 1, torch's threads helped
+    #: seconds per row serially with torch on one worker's share of intra-op threads,
+    #: and how many cores' worth torch's own threads made serial faster by
+    one_thread_row: float | None = None
     serial_cores: float = 1.0
     vectorized_row: float | None = None
     vmap_row: float | None = None
@@ -92,7 +94,11 @@ class Calibration:
             f"auto: {self.rows} rows, {self.workers} workers; calibrated on {self.sample} rows "
             f"in {self.seconds * 1e3:.1f} ms",
             f"  serial {us(self.serial_row)}/row"
-            + (f" on {self.serial_cores:.1f} cores" if self.serial_cores >= 1.15 else "")
+            + (
+                f" ({us(self.one_thread_row)} on one worker's threads)"
+                if self.one_thread_row
+                else ""
+            )
             + (f", vectorized {us(self.vectorized_row)}/row" if self.vectorized_row else "")
             + (f", vmap {us(self.vmap_row)}/row" if self.vmap_row else "")
             + (f", threads run {self.thread_speedup:.2f}x serial" if self.thread_speedup else "")

@@ -22,11 +22,13 @@ so no row is computed twice and side effects do not repeat:
    (about 0.1 s of work) -> its speed-up over serial, which shows how much of
    the function runs outside the GIL (when threads look faster, serial is
    timed again right after; the speed-up is capped at the cores);
-4. processes: predicted from serial time / workers (times the cores serial
-   already kept busy, from its CPU time: torch's own threads), plus the warm pool's
-   dispatch cost (measured once per pool, on a no-op), the cost of copying
-   the batch and result through shared memory, and, for a pool not started
-   yet, its start-up (0.2 s with the forkserver running, 2.5 s without).
+4. processes: predicted from serial time / workers (serial is timed again
+   with torch on as many intra-op threads as each worker gets: when torch's
+   own threads already spread a row over the cores, there is less left to
+   divide), plus the warm pool's dispatch cost (measured once per pool, on a
+   no-op), the cost of copying the batch and result through shared memory,
+   and, for a pool not started yet, its start-up (0.2 s with the forkserver
+   running, 2.5 s without).
    Left out inside DataLoader workers, on one core, for functions that cannot
    be pickled, for CUDA batches, and for less than 10 ms of work.
 
@@ -53,7 +55,7 @@ from ._calibration import POOL_MARGIN, POOLS, Calibration, choose, signature
 from ._rowwise import twin_of
 from ._structure import Output, TensorRows, flatten
 from .executors import Executor, Job, available_cores
-from .executors._base import BLOCK
+from .executors._base import BLOCK, threads_per_worker
 
 __all__ = ["POOLS", "POOL_MARGIN", "Auto", "Calibration", "Calibrator", "signature"]
 
@@ -99,7 +101,6 @@ class Calibrator:
         self.prestart = prestart  # may start a process pool for the next batches
         self.cores = min(workers, available_cores())
         self._best_serial = math.inf  # seconds per row of the fastest serial block
-        self._serial_cpu = self._serial_wall = 0.0  # over the serial blocks
 
     def run(self) -> Calibration:
         t0 = time.perf_counter()
@@ -163,19 +164,14 @@ class Calibrator:
             spent += took
             size = min(2 * size, BLOCK)
         self.cal.serial_row = self._best_serial if self._best_serial < math.inf else first
-        if self._serial_wall > 1e-3:  # torch's intra-op threads may already use the cores
-            used = self._serial_cpu / self._serial_wall
-            self.cal.serial_cores = min(max(1.0, used), float(available_cores()))
 
     def _serial_block(self, size: int, job: Job | None = None) -> float:
         """Run the next ``size`` rows serially; keep the fastest per-row time of 2+ rows."""
         job = job or self.job
         stop = min(len(job.rows), job.done + size)
-        t, cpu = time.perf_counter(), time.process_time()
+        t = time.perf_counter()
         job.run_range(job.done, stop)
         took = time.perf_counter() - t
-        self._serial_cpu += time.process_time() - cpu
-        self._serial_wall += took
         if stop - job.done > 1 or self._best_serial == math.inf:
             self._best_serial = min(self._best_serial, took / (stop - job.done))
         job.done = stop
@@ -304,6 +300,7 @@ class Calibrator:
         if reason:
             cal.dropped["processes"] = reason
             return
+        self._one_thread()
         if self.get("processes").pids:  # type: ignore[attr-defined]
             cal.process_dispatch = self._process_dispatch()
         else:  # do not start a pool just to measure it: it starts if it is chosen
@@ -316,6 +313,25 @@ class Calibrator:
         )
         in_bytes = job.rows.nbytes // max(1, self.n) if isinstance(job.rows, TensorRows) else 0
         cal.bytes_per_row = in_bytes + out_bytes
+
+    def _one_thread(self) -> None:
+        """Serial again with torch on one intra-op thread, as each of ``workers`` worker
+        processes on as many cores runs it: when torch's own threads already spread
+        a row over the cores, the workers have nothing left to divide."""
+        job, cal = self.job, self.cal
+        intra = torch.get_num_threads()
+        if intra < 2 or threads_per_worker(cal.workers) >= intra or self.n - job.done < 4:
+            return
+        rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, (self.n - job.done) // 4))
+        torch.set_num_threads(threads_per_worker(cal.workers))
+        try:
+            t, start = time.perf_counter(), job.done
+            job.run_range(start, start + rows)
+            job.done = start + rows
+            cal.one_thread_row = (time.perf_counter() - t) / rows
+        finally:
+            torch.set_num_threads(intra)
+        cal.serial_cores = min(max(1.0, cal.one_thread_row / cal.serial_row), float(self.cores))
 
     def _process_dispatch(self) -> float:
         ex = self.get("processes")

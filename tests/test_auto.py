@@ -285,7 +285,8 @@ def test_processes_do_not_divide_work_that_torch_already_spreads_over_the_cores(
         pool.map_rows(matmuls_256, x)  # vmap runs it; the pools are measured next batch
         pool.map_rows(matmuls_256, x)
         (cal,) = pool._auto.choices().values()
-    assert cal.serial_cores >= 1.3, str(cal)  # CPU seconds per wall second, serially
+    # serial on one intra-op thread (each worker's share) is much slower than on two
+    assert cal.one_thread_row is not None and cal.serial_cores >= 1.3, str(cal)
     # two workers of one thread each do the same work as serial on two threads
     warm = cal.predicted["processes"] - cal.process_start
     assert warm >= cal.predicted["serial"] / 1.3, str(cal)
