@@ -7,6 +7,7 @@ the cache key of a choice is :func:`signature`.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,10 @@ class Calibration:
     settled: bool = True
     #: the process pool was started during calibration, for the batches after this one
     prestarted: bool = False
+    #: a process pool would start in milliseconds here (the forkserver is up)
+    cheap_start: bool = False
+    #: the dispatch cost was measured on a running pool (else it is assumed)
+    dispatch_measured: bool = False
 
     def processes_would_save(self, rows: int) -> float:
         """Seconds a started process pool would save over the choice on ``rows`` rows."""
@@ -65,7 +70,7 @@ class Calibration:
         warm = (self.predicted["processes"] - self.process_start) * POOL_MARGIN
         return max(0.0, self.predicted[self.choice] - warm) * rows / max(1, self.rows)
 
-    def count_batch(self, rows: int) -> None:
+    def count_batch(self, rows: int, allow_processes: bool = True) -> None:
         """Rent or buy. A process pool that loses this batch only because it has to
         start is started anyway when that is cheap (the forkserver is up: its workers
         come up while this batch finishes), and used from the next batch. When it is
@@ -73,6 +78,8 @@ class Calibration:
         have saved that much with it: never paying more than twice the best in
         hindsight, whether the batches stop now or go on for ever."""
         self.batches += 1
+        if not allow_processes:  # a DataLoader worker (say) that inherited this pool
+            return
         self.saved_by_processes += self.processes_would_save(rows)
         paid = self.saved_by_processes >= self.process_start
         if not self.process_start or not (paid or (self.prestarted and self.batches > 1)):
@@ -91,8 +98,8 @@ class Calibration:
     def __str__(self) -> str:
         us = lambda s: f"{s * 1e6:,.1f} us" if s is not None else "-"  # noqa: E731
         lines = [
-            f"auto: {self.rows} rows, {self.workers} workers; calibrated on {self.sample} rows "
-            f"in {self.seconds * 1e3:.1f} ms",
+            f"auto: {self.rows} rows, {self.workers} workers; calibrated in "
+            f"{self.seconds * 1e3:.1f} ms, computing {self.sample} of the rows",
             f"  serial {us(self.serial_row)}/row"
             + (
                 f" ({us(self.one_thread_row)} on one worker's threads)"
@@ -104,10 +111,19 @@ class Calibration:
             + (f", threads run {self.thread_speedup:.2f}x serial" if self.thread_speedup else "")
             + (
                 f", process dispatch {self.process_dispatch * 1e3:.2f} ms/batch"
-                if self.process_dispatch is not None
+                if self.process_dispatch is not None and self.dispatch_measured
                 else ""
             )
-            + (f" (+{self.process_start:.1f} s to start the pool)" if self.process_start else ""),
+            + (
+                f", process dispatch ~{self.process_dispatch * 1e3:.0f} ms/batch assumed"
+                if self.process_dispatch is not None and not self.dispatch_measured
+                else ""
+            )
+            + (
+                f" (no pool yet: +{self.process_start:.1f} s to start it)"
+                if self.process_start
+                else ""
+            ),
             "  predicted for a whole batch: "
             + ", ".join(
                 f"{k} {v * 1e3:.1f} ms"
@@ -117,10 +133,10 @@ class Calibration:
         lines += [f"  not considered: {k} ({why})" for k, why in self.dropped.items()]
         if self.switched:
             lines.append(f"  {self.switched}")
-        elif self.prestarted:
+        elif self.prestarted or (self.cheap_start and self.processes_would_save(self.rows)):
             lines.append(
-                "  processes lose this batch only by their start-up: their workers are "
-                "starting now, for the next batches"
+                "  processes lose this batch only by their start-up: a pool starts their "
+                "workers during it, for the next batches"
             )
         elif saving := self.processes_would_save(self.rows):
             lines.append(
@@ -144,11 +160,15 @@ def _value_key(v: Any) -> Any:
 
 
 def _fn_key(fn: Callable[..., Any]) -> Any:
+    """Ids stay unique only while their objects live: ``Auto`` keeps ``fn`` (and with
+    it everything this key names) alive for as long as it keeps the choice."""
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = {}
     while isinstance(fn, functools.partial):
         args, kwargs = fn.args + args, {**fn.keywords, **kwargs}
         fn = fn.func
+    if inspect.ismethod(fn):  # ``obj.method`` is a new object at every access
+        fn, args = fn.__func__, (fn.__self__, *args)
     return (
         id(fn),
         tuple(map(_value_key, args)),

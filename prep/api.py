@@ -278,7 +278,7 @@ def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -
 
     >>> import torch, prep
     >>> print(prep.explain(lambda r: r * 2, torch.ones(64, 3)))  # doctest: +ELLIPSIS
-    auto: 64 rows, ... workers; calibrated on ... rows in ... ms
+    auto: 64 rows, ... workers; calibrated in ... ms, computing ... of the rows
     ...
       choice: ...
     """

@@ -2,8 +2,10 @@
 
 On the first call for a signature (the function and its bound arguments, the
 batch's structure, per-row shapes, dtypes and device), ``auto`` calibrates on
-rows of the batch itself, writing their results into the output as it goes,
-so no row is computed twice and side effects do not repeat:
+rows of the batch itself, writing their results into the output as it goes:
+every row of the batch is computed once. The only extra runs (the vmap check
+on up to 8 rows, serial's timing rows beside a twin) work on copies of rows,
+so a function that changes its row in place changes the batch once:
 
 1. serial: blocks of 1, 2, 4 ... rows (8, 16, 32 for light rows), run as the
    serial executor runs them; the fastest block of two or more rows gives the
@@ -41,12 +43,12 @@ started for the next batches (see :meth:`Calibration.count_batch`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 import threading
 import time
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -56,6 +58,7 @@ from ._rowwise import twin_of
 from ._structure import Output, TensorRows, flatten
 from .executors import Executor, Job, available_cores
 from .executors._base import BLOCK, threads_per_worker
+from .executors.processes import shm_free
 
 __all__ = ["POOLS", "POOL_MARGIN", "Auto", "Calibration", "Calibrator", "signature"]
 
@@ -100,10 +103,18 @@ class Calibrator:
         self.prior = prior
         self.prestart = prestart  # may start a process pool for the next batches
         self.cores = min(workers, available_cores())
+        self.cuda = isinstance(job.rows, TensorRows) and any(
+            c.device.type == "cuda" for c in job.rows.columns
+        )
         self._best_serial = math.inf  # seconds per row of the fastest serial block
 
+    def _now(self) -> float:
+        if self.cuda:  # kernels run asynchronously: time the work, not its launch
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     def run(self) -> Calibration:
-        t0 = time.perf_counter()
+        t0 = self._now()
         job, cal = self.job, self.cal
         tensors = isinstance(job.rows, TensorRows)
         batched = "vectorized" if tensors and twin_of(job.fn) is not None else None
@@ -148,9 +159,9 @@ class Calibrator:
         a page fault) only ever slows a block, and large blocks carry less overhead."""
         job = job or self.job
         n = len(job.rows)
-        t = time.perf_counter()
+        t = self._now()
         job.run_range(job.done, job.done + 1)  # the first row allocates the output: not timed
-        job.done, first = job.done + 1, time.perf_counter() - t
+        job.done, first = job.done + 1, self._now() - t
         size, spent, took = (8 if first < 1e-3 else 1), 0.0, 0.0
         # enough when a block of 2+ rows took a couple of ms (slow rows are steady) or
         # the time budget is spent; fast rows go on to full blocks, as they run for real
@@ -169,9 +180,9 @@ class Calibrator:
         """Run the next ``size`` rows serially; keep the fastest per-row time of 2+ rows."""
         job = job or self.job
         stop = min(len(job.rows), job.done + size)
-        t = time.perf_counter()
+        t = self._now()
         job.run_range(job.done, stop)
-        took = time.perf_counter() - t
+        took = self._now() - t
         if stop - job.done > 1 or self._best_serial == math.inf:
             self._best_serial = min(self._best_serial, took / (stop - job.done))
         job.done = stop
@@ -184,11 +195,14 @@ class Calibrator:
         (no copy), the row function runs on a few rows into a scratch output, only to
         time serial, so it still runs at most once a row."""
         job, cal = self.job, self.cal
-        scratch = Job(job.fn, job.rows.head(min(self.n, 4)), None, job.timeout)
+        # copies: a row function that changes its row in place must not change the
+        # rows the twin then reads
+        scratch = Job(job.fn, job.rows.take(0, min(self.n, 4)), None, job.timeout)
+        scratch.started = job.started
         self._serial(budget_rows=4, job=scratch)
-        t = time.perf_counter()
+        t = self._now()
         job.output = self.get("vectorized").run(job)
-        cal.vectorized_row = (time.perf_counter() - t) / self.n
+        cal.vectorized_row = (self._now() - t) / self.n
         job.done = self.n
         if not self._won_outright() and not self._too_light_for_pools():
             cal.settled = False
@@ -200,13 +214,16 @@ class Calibrator:
         if job.output is None or job.done < 2:
             cal.dropped["vmap"] = "needs two measured rows"
             return False
-        k = min(job.done, 8)  # enough rows to compare; each is computed twice
-        head = job.rows.replace([c[:k] for c in job.rows.columns])  # type: ignore[attr-defined]
+        if job.done >= self.n:
+            return False  # serial ran every row: nothing left for vmap to run
+        # copies of up to 8 rows serial computed: a row function that changes its input
+        # in place must not change the caller's batch a second time
+        k = min(job.done, 8)
+        head = job.rows.take(0, k)
         fn, _ = self.get("vmap").batched(job.fn)  # type: ignore[attr-defined]
         # not timed: a first vmap call in a process can take 100x a later one
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # a vmap fallback warning means "slow path"
+            with _no_vmap_fallback():  # an op without a batching rule raises, not loops
                 spec, leaves = flatten(head.call_batched(fn))
         except Exception as exc:  # any failure just removes the candidate
             cal.dropped["vmap"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
@@ -222,10 +239,10 @@ class Calibrator:
     def _run_rest(self, name: str) -> None:
         """The batched form on all rows left, in one call: seconds per row (its fixed
         cost per call spread over them; the lower of this batch's and the one before)."""
-        start, t = self.job.done, time.perf_counter()
+        start, t = self.job.done, self._now()
         if start < self.n:
             _run_slice(self.get(name), self.job, self.n)
-            per_row = (time.perf_counter() - t) / (self.n - start)
+            per_row = (self._now() - t) / (self.n - start)
         else:
             per_row = math.inf
         per_row = min(per_row, self._prior_row(name) or math.inf)
@@ -265,9 +282,9 @@ class Calibrator:
         rows = int(min(max(0.1 / max(self.cal.serial_row, 1e-9), 2 * workers), 8 * BLOCK))
         rows = min(rows, max(2 * workers, (self.n - self.job.done) // 4))  # leave the most
         start, stop = self.job.done, min(self.n, self.job.done + rows)
-        t = time.perf_counter()
+        t = self._now()
         _run_slice(ex, self.job, stop)
-        per_row = (time.perf_counter() - t) / max(1, stop - start)
+        per_row = (self._now() - t) / max(1, stop - start)
         if self.cal.serial_row > 1.2 * per_row and self.job.done < self.n:
             # threads look faster: serial again, side by side, before believing it
             self._serial_block(min(BLOCK, max(2, rows // 2)))
@@ -297,21 +314,28 @@ class Calibrator:
                 pickle.dumps(job.fn)
             except Exception:
                 reason = "the function cannot be pickled"
-        if reason:
-            cal.dropped["processes"] = reason
-            return
-        self._one_thread()
-        if self.get("processes").pids:  # type: ignore[attr-defined]
-            cal.process_dispatch = self._process_dispatch()
-        else:  # do not start a pool just to measure it: it starts if it is chosen
-            cal.process_start = _process_start_cost()
-            cal.process_dispatch = COLD_DISPATCH
         out_bytes = (
             sum(b[0].numel() * b.element_size() for b in job.output.buffers)
             if job.output is not None
             else 0
         )
         in_bytes = job.rows.nbytes // max(1, self.n) if isinstance(job.rows, TensorRows) else 0
+        free = shm_free()
+        if not reason and free is not None and (in_bytes + out_bytes) * self.n > 0.9 * free:
+            reason = (
+                f"the batch and its result need {(in_bytes + out_bytes) * self.n / 2**20:.0f} MB "
+                f"of shared memory, /dev/shm has {free / 2**20:.0f} MB free"
+            )
+        if reason:
+            cal.dropped["processes"] = reason
+            return
+        self._one_thread()
+        if self.get("processes").pids:  # type: ignore[attr-defined]
+            cal.process_dispatch, cal.dispatch_measured = self._process_dispatch(), True
+        else:  # do not start a pool just to measure it: it starts if it is chosen
+            cal.process_start = _process_start_cost()
+            cal.process_dispatch = COLD_DISPATCH
+            cal.cheap_start = cal.process_start == START_WITH_FORKSERVER
         cal.bytes_per_row = in_bytes + out_bytes
 
     def _one_thread(self) -> None:
@@ -325,10 +349,10 @@ class Calibrator:
         rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, (self.n - job.done) // 4))
         torch.set_num_threads(threads_per_worker(cal.workers))
         try:
-            t, start = time.perf_counter(), job.done
+            t, start = self._now(), job.done
             job.run_range(start, start + rows)
             job.done = start + rows
-            cal.one_thread_row = (time.perf_counter() - t) / rows
+            cal.one_thread_row = (self._now() - t) / rows
         finally:
             torch.set_num_threads(intra)
         cal.serial_cores = min(max(1.0, cal.one_thread_row / cal.serial_row), float(self.cores))
@@ -341,9 +365,11 @@ class Calibrator:
             from .executors._worker import identity
 
             probe = TensorRows((torch.zeros(ex.workers * 2, 1),))
-            t = time.perf_counter()
-            _run(ex, identity, probe, out=None, device=None, timeout=None)
-            cached = time.perf_counter() - t
+            cached = math.inf
+            for _ in range(2):  # the first may wait for workers still starting up
+                t = self._now()
+                _run(ex, identity, probe, out=None, device=None, timeout=None)
+                cached = min(cached, self._now() - t)
             ex._auto_dispatch = cached  # type: ignore[attr-defined]
         return cached
 
@@ -374,8 +400,31 @@ class Calibrator:
             self.get("processes").prestart()  # type: ignore[attr-defined]
             cal.prestarted = True
         cal.sample = self.job.done
-        cal.seconds = time.perf_counter() - t0
+        cal.seconds = self._now() - t0
         return cal
+
+
+_fallback_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_vmap_fallback() -> Iterator[None]:
+    """vmap's slow path (a loop over the rows for ops without a batching rule) raises
+    instead, for the bit-for-bit check. torch's switch is process-wide: one check at
+    a time, and the previous setting is restored."""
+    functorch = getattr(torch._C, "_functorch", None)
+    enabled = getattr(functorch, "_is_vmap_fallback_enabled", None)
+    switch = getattr(functorch, "_set_vmap_fallback_enabled", None)
+    if enabled is None or switch is None:  # another torch: the timing shows a slow vmap
+        yield
+        return
+    with _fallback_lock:
+        before = enabled()
+        switch(False)
+        try:
+            yield
+        finally:
+            switch(before)
 
 
 def _process_start_cost() -> float:
@@ -394,7 +443,9 @@ def _run_slice(ex: Executor, job: Job, stop: int) -> None:
     assert job.output is not None  # the serial rows ran first
     out = job.output
     head = Output(out.spec, [b[:stop] for b in out.buffers], out.first_row, out.offset)
-    ex.run(Job(job.fn, job.rows.head(stop), head, job.timeout, done=job.done))
+    sub = Job(job.fn, job.rows.head(stop), head, job.timeout, done=job.done)
+    sub.started = job.started  # one deadline for the whole batch, calibration included
+    ex.run(sub)
     job.done = stop
 
 
@@ -402,10 +453,18 @@ def _run_slice(ex: Executor, job: Job, stop: int) -> None:
 
 
 class Auto:
-    """Per-signature choices of one pool; ``run`` calibrates or reuses, then runs."""
+    """Per-signature choices of one pool; ``run`` calibrates or reuses, then runs.
+
+    A signature keeps a few choices, for batch sizes more than 4x apart (a small
+    last batch each epoch does not throw away the full batches' choice), and the
+    function itself, so that its id is not reused while the choice is kept.
+    """
+
+    #: choices kept per signature, for as many batch sizes more than 4x apart
+    SIZES = 4
 
     def __init__(self) -> None:
-        self._choices: dict[Any, Calibration] = {}
+        self._choices: dict[Any, tuple[Any, list[Calibration]]] = {}
         self._lock = threading.Lock()
 
     def run(
@@ -419,22 +478,25 @@ class Auto:
         key = signature(job.fn, job.rows, device)
         n = len(job.rows)
         with self._lock:
-            cal = self._choices.get(key)
+            _, kept = self._choices.get(key, (None, []))
+            cal = next((c for c in reversed(kept) if c.rows / 4 <= n <= c.rows * 4), None)
         usable = cal is not None and (allow_processes or cal.choice not in ("processes", "joblib"))
-        same_size = cal is not None and cal.rows / 4 <= n <= cal.rows * 4
-        if cal is not None and usable and cal.settled and same_size:
+        if cal is not None and usable and cal.settled:
             with self._lock:
-                cal.count_batch(n)
+                cal.count_batch(n, allow_processes)
             return get(cal.choice).run(job), cal
-        prior = cal if cal is not None and not cal.settled and same_size else None
-        cal = Calibrator(job, get, workers, allow_processes, prior).run()
-        cal.count_batch(n)
+        prior = cal if cal is not None and not cal.settled else None
+        new = Calibrator(job, get, workers, allow_processes, prior).run()
+        new.count_batch(n, allow_processes)
         with self._lock:
-            self._choices[key] = cal
+            _, kept = self._choices.get(key, (None, []))
+            kept = [c for c in kept if c is not cal][-(self.SIZES - 1) :] + [new]
+            self._choices[key] = (job.fn, kept)
         if job.done >= n:
-            return job.output, cal
-        return get(cal.choice).run(job), cal
+            return job.output, new
+        return get(new.choice).run(job), new
 
     def choices(self) -> dict[Any, Calibration]:
+        """The latest choice of each signature."""
         with self._lock:
-            return dict(self._choices)
+            return {key: kept[-1] for key, (_, kept) in self._choices.items()}

@@ -116,7 +116,7 @@ def test_a_cold_start_counts_against_processes(monkeypatch):
     prep.shutdown()  # no warm pool: explain() would have to start one
     cal = prep.explain(python_5ms, torch.arange(64.0).view(64, 1), workers=2)
     assert cal.process_start == prep.auto.START_COLD and cal.choice != "processes"
-    assert "+2.5 s to start the pool" in str(cal)
+    assert "+2.5 s to start it" in str(cal)
 
 
 def test_processes_are_left_out_inside_dataloader_workers(monkeypatch):
@@ -128,7 +128,7 @@ def test_processes_are_left_out_inside_dataloader_workers(monkeypatch):
 
 def test_explain_reads_well():
     text = str(prep.explain(waits_2ms, torch.arange(64.0).view(64, 1), workers=2))
-    assert text.startswith("auto: 64 rows, 2 workers; calibrated on ")
+    assert text.startswith("auto: 64 rows, 2 workers; calibrated in ")
     assert "serial" in text and "predicted for a whole batch" in text
     assert "choice: " in text.splitlines()[-1]
     assert "vmap" in text  # and why it was not considered
@@ -290,3 +290,80 @@ def test_processes_do_not_divide_work_that_torch_already_spreads_over_the_cores(
     # two workers of one thread each do the same work as serial on two threads
     warm = cal.predicted["processes"] - cal.process_start
     assert warm >= cal.predicted["serial"] / 1.3, str(cal)
+
+
+def test_a_row_function_that_changes_its_row_in_place_runs_once_a_row():
+    def twin(x: torch.Tensor) -> torch.Tensor:
+        return x.sub_(1)
+
+    @prep.rowwise(batched=twin)
+    def dec(row: torch.Tensor) -> torch.Tensor:
+        return row.sub_(1)
+
+    def double(row: torch.Tensor) -> torch.Tensor:  # vmap-able, in place
+        return row.mul_(2)
+
+    for fn, want in ((dec, lambda x: x - 1), (double, lambda x: x * 2)):
+        x = torch.arange(512.0).view(256, 2)
+        before = x.clone()
+        with prep.Pool("auto", workers=2) as pool:
+            got = pool.map_rows(fn, x)
+        # calibration's extra runs (serial's timing rows beside a twin, the vmap check)
+        # work on copies: every row of the caller's batch changed exactly once
+        assert torch.equal(got, want(before)), fn.__name__
+        assert torch.equal(x, want(before)), fn.__name__
+
+
+def test_a_new_function_is_never_taken_for_an_old_one_whose_id_it_reuses():
+    x = torch.randn(512, 4)
+    with prep.Pool("auto", workers=2) as pool:
+        for _ in range(20):  # fresh lambdas: CPython reuses a freed one's address
+            assert torch.equal(pool.map_rows(lambda r: torch.tanh(r) * 2, x), torch.tanh(x) * 2)
+            # boolean masks break vmap: a cached vmap choice of the other lambda would raise
+            got = pool.map_rows(lambda r: r[r > 0].sum().expand(1), x)
+            assert torch.equal(got, torch.stack([r[r > 0].sum().expand(1) for r in x]))
+
+
+class Scaler:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+    def __call__(self, row: torch.Tensor) -> torch.Tensor:
+        return row * self.k
+
+    def apply(self, row: torch.Tensor) -> torch.Tensor:
+        return row * self.k + int(row[0] > 0)  # int(): no vmap
+
+
+def test_a_bound_method_keeps_its_choice_and_two_objects_keep_theirs():
+    x = torch.randn(300, 3)
+    a, b = Scaler(2.0), Scaler(3.0)
+    with prep.Pool("auto", workers=2) as pool:
+        pool.map_rows(a.apply, x)
+        first = pool._auto.choices()
+        pool.map_rows(a.apply, x)  # a new bound-method object, the same function
+        assert pool._auto.choices() == first
+        pool.map_rows(b.apply, x)  # another object: measured on its own
+        assert len(pool._auto.choices()) == 2
+
+
+def test_a_small_last_batch_does_not_discard_the_full_batches_choice():
+    with prep.Pool("auto", workers=2) as pool:
+        pool.map_rows(tiny, torch.randn(1000, 3))
+        (full,) = pool._auto.choices().values()
+        pool.map_rows(tiny, torch.randn(40, 3))  # 25x smaller: measured on its own
+        pool.map_rows(tiny, torch.randn(1000, 3))  # the full size again: its choice kept
+        kept = pool._auto._choices[next(iter(pool._auto._choices))][1]
+    assert [c.rows for c in kept] == [1000, 40] and kept[0] is full
+
+
+def test_inside_a_dataloader_worker_a_kept_choice_never_switches_to_processes():
+    from prep.auto import Calibration
+
+    cal = Calibration(rows=100, workers=2, process_start=0.2, choice="serial", prestarted=True)
+    cal.predicted = {"serial": 0.2, "processes": 0.2 + 0.05}
+    cal.count_batch(100, allow_processes=False)
+    cal.count_batch(100, allow_processes=False)
+    assert cal.choice == "serial"
+    cal.count_batch(100)
+    assert cal.choice == "processes"
