@@ -3,21 +3,23 @@
 On the first call for a signature (the function and its bound arguments, the
 batch's structure, per-row shapes, dtypes and device), ``auto`` calibrates on
 rows of the batch itself, writing their results into the output as it goes:
-every row of the batch is computed once. The only extra runs (the vmap check
-on up to 8 rows, serial's timing rows beside a twin) work on copies of rows,
-so a function that changes its row in place changes the batch once:
+every row of the batch is computed once. The only extra runs (serial's
+timing rows beside a batched form, the vmap checks) work on copies of rows,
+so a function that changes its row in place changes the batch once (a failed
+vmap try costs those few rows once more):
 
 1. serial: blocks of 1, 2, 4 ... rows (8, 16, 32 for light rows), run as the
    serial executor runs them; the fastest block of two or more rows gives the
    seconds per row (noise only ever slows a block down);
-2. a batched form, if there is one: the function's twin, or else
-   ``torch.func.vmap`` of it, first run on 8 of the serial rows and compared
-   bit for bit (dropped on any error, warning or mismatch, or when the whole
-   batch takes under 0.3 ms serially, less than trying costs). It runs all
-   the rest of the first batch in one call. A twin even runs the whole batch,
-   its result being the output, while serial is timed on a few rows into a
-   scratch buffer: the row function still runs at most once a row. If the
-   batched form beats serial by more than the cores could, it has won: no
+2. a batched form, if there is one, makes the whole output of the first batch
+   in one call. A twin runs while serial is timed on copies of a few rows.
+   Without a twin, ``torch.func.vmap`` of the row function is tried: a call
+   on a copy of one row rules out functions vmap cannot run (``.item()``,
+   data-dependent shapes), serial is timed on copies of a few rows, vmap runs
+   the whole batch, and its first rows must equal serial's bit for bit (it is
+   dropped on any error or mismatch, an op without a batching rule raises,
+   and it is not tried when the whole batch takes under 0.3 ms serially). If
+   the batched form beats serial by more than the cores could, it has won: no
    pool divides serial time by more than its cores. If not, the next batch
    measures the pools (3-4) and runs its rest with the batched form again;
 3. the thread pool, warmed up on a few rows, then timed on the next ones
@@ -117,26 +119,21 @@ class Calibrator:
         t0 = self._now()
         job, cal = self.job, self.cal
         tensors = isinstance(job.rows, TensorRows)
-        batched = "vectorized" if tensors and twin_of(job.fn) is not None else None
-        if batched and self.prior is None:
-            self._twin_first()
-            return self._finish(t0)
-        self._serial(budget_rows=max(4, min(32, self.n // 8)))
-        if batched is None and not tensors:
-            cal.dropped["vectorized"] = "a list of samples has no batched form"
-        elif batched is None and self.n * cal.serial_row < MIN_VMAP_WORK:
-            cal.dropped["vmap"] = (
-                f"the batch takes {self.n * cal.serial_row * 1e3:.2f} ms serially: "
-                f"less than trying vmap costs"
-            )
-        elif batched is None and self._vmap_agrees():
-            batched = "vmap"
-        if batched and self.prior is None:  # first batch: the batched form runs the rest
-            self._run_rest(batched)
+        twin = tensors and twin_of(job.fn) is not None
+        if self.prior is None and tensors and (self._twin_first() if twin else self._vmap_first()):
+            # first batch: a batched form made the whole output in one call
             if not self._won_outright() and not self._too_light_for_pools():
                 cal.settled = False
-                cal.dropped["threads, processes"] = f"measured on the next batch, with {batched}"
+                name = "vectorized" if twin else "vmap"
+                cal.dropped["threads, processes"] = f"measured on the next batch, with {name}"
             return self._finish(t0)
+        # no batched form, or the batch after one that did not win outright
+        batched = "vectorized" if twin else ("vmap" if self._prior_row("vmap") else None)
+        self._serial(budget_rows=max(4, min(32, self.n // 8)))
+        if not tensors:
+            cal.dropped["vectorized"] = "a list of samples has no batched form"
+        elif batched == "vmap" and not self._vmap_agrees():
+            batched = None
         if batched and self._won_outright(self._prior_row(batched)):
             self._run_rest(batched)
             return self._finish(t0)
@@ -159,6 +156,8 @@ class Calibrator:
         a page fault) only ever slows a block, and large blocks carry less overhead."""
         job = job or self.job
         n = len(job.rows)
+        if job.done >= n:
+            return
         t = self._now()
         job.run_range(job.done, job.done + 1)  # the first row allocates the output: not timed
         job.done, first = job.done + 1, self._now() - t
@@ -190,7 +189,7 @@ class Calibrator:
 
     # ------------------------------------------------------------ batched forms
 
-    def _twin_first(self) -> None:
+    def _twin_first(self) -> bool:
         """The first batch of a function with a twin: the twin makes the whole output
         (no copy), the row function runs on a few rows into a scratch output, only to
         time serial, so it still runs at most once a row."""
@@ -204,9 +203,60 @@ class Calibrator:
         job.output = self.get("vectorized").run(job)
         cal.vectorized_row = (self._now() - t) / self.n
         job.done = self.n
-        if not self._won_outright() and not self._too_light_for_pools():
-            cal.settled = False
-            cal.dropped["threads, processes"] = "measured on the next batch, with vectorized"
+        return True
+
+    def _vmap_first(self) -> bool:
+        """The first batch of a function without a twin: ``vmap`` of it, if it works,
+        makes the whole output in one call; False (and nothing written) if not.
+
+        vmap on a copy of one row first rules out, cheaply and before any row has
+        run, the many functions vmap cannot run (``.item()``, data-dependent
+        shapes). Serial is then timed on copies of a few rows, vmap runs the whole
+        batch, and its first rows must equal serial's bit for bit. Only when that
+        fails, or the batch proves too light to be worth it, do those few rows
+        run once more, as serial starts over on the batch itself.
+        """
+        job, cal = self.job, self.cal
+        ex = self.get("vmap")
+        fn, _ = ex.batched(job.fn)  # type: ignore[attr-defined]
+        try:
+            with _no_vmap_fallback():  # not timed: a first vmap call can take 100x more
+                job.rows.take(0, 1).call_batched(fn)
+        except Exception as exc:  # any failure just removes the candidate
+            cal.dropped["vmap"] = _why(exc)
+            return False
+        k = min(self.n, max(4, min(32, self.n // 8)))
+        scratch = Job(job.fn, job.rows.take(0, k), None, job.timeout)
+        scratch.started = job.started
+        self._serial(budget_rows=k, job=scratch)
+        if self.n * cal.serial_row < MIN_VMAP_WORK:
+            cal.dropped["vmap"] = (
+                f"the batch takes {self.n * cal.serial_row * 1e3:.2f} ms serially: "
+                f"less than trying vmap costs"
+            )
+            return False
+        t = self._now()
+        try:
+            with _no_vmap_fallback():
+                out = ex.run(job)  # every row (job.done is 0)
+        except Exception as exc:
+            cal.dropped["vmap"] = _why(exc)
+            return False
+        took = self._now() - t
+        done, ref = scratch.done, scratch.output
+        same = (
+            ref is not None
+            and out.spec == ref.spec
+            and all(
+                b.dtype == r.dtype and torch.equal(b[:done], r[:done])
+                for b, r in zip(out.buffers, ref.buffers)
+            )
+        )
+        if not same:
+            cal.dropped["vmap"] = "its results differ from serial"
+            return False
+        job.output, job.done, cal.vmap_row = out, self.n, took / self.n
+        return True
 
     def _vmap_agrees(self) -> bool:
         """Whether vmap of the row function reproduces serial's rows bit for bit."""
@@ -226,7 +276,7 @@ class Calibrator:
             with _no_vmap_fallback():  # an op without a batching rule raises, not loops
                 spec, leaves = flatten(head.call_batched(fn))
         except Exception as exc:  # any failure just removes the candidate
-            cal.dropped["vmap"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            cal.dropped["vmap"] = _why(exc)
             return False
         same = spec == job.output.spec and all(
             leaf.shape == buf[:k].shape and leaf.dtype == buf.dtype and torch.equal(leaf, buf[:k])
@@ -402,6 +452,11 @@ class Calibrator:
         cal.sample = self.job.done
         cal.seconds = self._now() - t0
         return cal
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:80] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 _fallback_lock = threading.Lock()

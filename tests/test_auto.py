@@ -240,17 +240,24 @@ def big_sin(row: torch.Tensor) -> torch.Tensor:
     return torch.sin(row)
 
 
-def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_not_win():
+def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_not_win(
+    monkeypatch,
+):
+    import prep.auto
+
+    # whether vmap beats serial by more than the cores is the machine's call: say it did not
+    monkeypatch.setattr(prep.auto.Calibrator, "_won_outright", lambda self, per_row=None: False)
     x = torch.randn(32, 256, 1024)
     with prep.Pool("auto", workers=2) as pool:
         assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
         (first,) = pool._auto.choices().values()
-        # vmap (checked bit for bit) ran the rest of the batch in one call
+        # vmap (checked bit for bit against serial) made the whole output in one call
         assert first.vmap_row is not None and first.sample == 32, str(first)
         assert not first.settled and first.thread_speedup is None, str(first)
         assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
         (second,) = pool._auto.choices().values()
     assert second.settled and second.thread_speedup is not None, str(second)
+    assert second.vmap_row is not None, str(second)  # and vmap ran that batch's rest
 
 
 def test_a_pool_that_loses_only_by_its_start_up_starts_for_the_next_batch():
@@ -367,3 +374,14 @@ def test_inside_a_dataloader_worker_a_kept_choice_never_switches_to_processes():
     assert cal.choice == "serial"
     cal.count_batch(100)
     assert cal.choice == "processes"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+def test_batches_of_a_few_rows(rows):
+    x = torch.randn(rows, 64, 64)
+    for fn in (big_sin, pure, tiny, functools.partial(side_context_row, max_len=16)):
+        batch = side_batch(rows) if isinstance(fn, functools.partial) else x
+        with prep.Pool("auto", workers=2) as pool:
+            got = pool.map_rows(fn, batch)
+        want = prep.map_rows(fn, batch, executor="serial")
+        assert torch.equal(got, want), (fn, rows)
