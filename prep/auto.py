@@ -517,6 +517,9 @@ class Auto:
 
     #: choices kept per signature, for as many batch sizes more than 4x apart
     SIZES = 4
+    #: signatures kept; past this the oldest is forgotten (a loop that makes a new
+    #: lambda for every batch would otherwise keep them all, and every function)
+    SIGNATURES = 64
 
     def __init__(self) -> None:
         self._choices: dict[Any, tuple[Any, list[Calibration]]] = {}
@@ -546,7 +549,10 @@ class Auto:
         with self._lock:
             _, kept = self._choices.get(key, (None, []))
             kept = [c for c in kept if c is not cal][-(self.SIZES - 1) :] + [new]
+            self._choices.pop(key, None)  # re-inserted last: the newest
             self._choices[key] = (job.fn, kept)
+            while len(self._choices) > self.SIGNATURES:
+                del self._choices[next(iter(self._choices))]
         if job.done >= n:
             return job.output, new
         return get(new.choice).run(job), new

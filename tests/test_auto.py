@@ -384,3 +384,15 @@ def test_batches_of_a_few_rows(rows):
             got = pool.map_rows(fn, batch)
         want = prep.map_rows(fn, batch, executor="serial")
         assert torch.equal(got, want), (fn, rows)
+
+
+def test_a_new_lambda_for_every_batch_does_not_pile_up(monkeypatch):
+    import prep.auto
+
+    monkeypatch.setattr(prep.auto.Auto, "SIGNATURES", 5)
+    x = torch.randn(16, 3)
+    with prep.Pool("auto", workers=2) as pool:
+        for k in range(12):
+            got = pool.map_rows(lambda r, k=k: r * k, x)  # a new function each time
+            assert torch.equal(got, x * k)
+        assert len(pool._auto.choices()) == 5  # the newest five; older ones forgotten
