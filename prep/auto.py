@@ -60,7 +60,7 @@ from ._rowwise import twin_of
 from ._structure import Output, TensorRows, flatten
 from .executors import Executor, Job, available_cores
 from .executors._base import BLOCK, threads_per_worker
-from .executors.processes import shm_free
+from .executors.processes import shm_fits, shm_free
 
 __all__ = ["POOLS", "POOL_MARGIN", "Auto", "Calibration", "Calibrator", "signature"]
 
@@ -243,16 +243,8 @@ class Calibrator:
             cal.dropped["vmap"] = _why(exc)
             return False
         took = self._now() - t
-        done, ref = scratch.done, scratch.output
-        same = (
-            ref is not None
-            and out.spec == ref.spec
-            and all(
-                b.dtype == r.dtype and torch.equal(b[:done], r[:done])
-                for b, r in zip(out.buffers, ref.buffers)
-            )
-        )
-        if not same:
+        ref, done = scratch.output, scratch.done
+        if ref is None or not _same_rows(out.spec, [b[:done] for b in out.buffers], ref, done):
             cal.dropped["vmap"] = "its results differ from serial"
             return False
         job.output, job.done, cal.vmap_row = out, self.n, took / self.n
@@ -278,10 +270,7 @@ class Calibrator:
         except Exception as exc:  # any failure just removes the candidate
             cal.dropped["vmap"] = _why(exc)
             return False
-        same = spec == job.output.spec and all(
-            leaf.shape == buf[:k].shape and leaf.dtype == buf.dtype and torch.equal(leaf, buf[:k])
-            for leaf, buf in zip(leaves, job.output.buffers)
-        )
+        same = _same_rows(spec, leaves, job.output, k)
         if not same:
             cal.dropped["vmap"] = "its results differ from serial"
         return same
@@ -364,18 +353,19 @@ class Calibrator:
                 pickle.dumps(job.fn)
             except Exception:
                 reason = "the function cannot be pickled"
-        out_bytes = (
-            sum(b[0].numel() * b.element_size() for b in job.output.buffers)
-            if job.output is not None
-            else 0
-        )
-        in_bytes = job.rows.nbytes // max(1, self.n) if isinstance(job.rows, TensorRows) else 0
-        free = shm_free()
-        if not reason and free is not None and (in_bytes + out_bytes) * self.n > 0.9 * free:
-            reason = (
-                f"the batch and its result need {(in_bytes + out_bytes) * self.n / 2**20:.0f} MB "
-                f"of shared memory, /dev/shm has {free / 2**20:.0f} MB free"
+        if not reason:
+            out_bytes = (
+                sum(b[0].numel() * b.element_size() for b in job.output.buffers)
+                if job.output is not None
+                else 0
             )
+            in_bytes = job.rows.nbytes // max(1, self.n) if isinstance(job.rows, TensorRows) else 0
+            cal.bytes_per_row = in_bytes + out_bytes
+            if not shm_fits(cal.bytes_per_row * self.n):
+                reason = (
+                    f"the batch and its result need {cal.bytes_per_row * self.n / 2**20:.0f} MB "
+                    f"of shared memory, /dev/shm has {(shm_free() or 0) / 2**20:.0f} MB free"
+                )
         if reason:
             cal.dropped["processes"] = reason
             return
@@ -386,7 +376,6 @@ class Calibrator:
             cal.process_start = _process_start_cost()
             cal.process_dispatch = COLD_DISPATCH
             cal.cheap_start = cal.process_start == START_WITH_FORKSERVER
-        cal.bytes_per_row = in_bytes + out_bytes
 
     def _one_thread(self) -> None:
         """Serial again with torch on one intra-op thread, as each of ``workers`` worker
@@ -437,21 +426,25 @@ class Calibrator:
         if cal.process_dispatch is not None:
             copy = rows * cal.bytes_per_row / 4e9  # through shared memory, about 4 GB/s
             # each worker gets cores // workers threads: the work a serial row spread over
-            # serial_cores cores is what the workers share
+            # serial_cores (>= 1) cores is what the workers share
             work = rows * cal.serial_row * cal.serial_cores / self.cores
-            p["processes"] = cal.process_start + max(work, rows * cal.serial_row / self.cores)
-            p["processes"] += cal.process_dispatch + copy
+            p["processes"] = cal.process_start + work + cal.process_dispatch + copy
         cal.choice = choose(p)
-        if (
-            self.prestart
-            and cal.process_start == START_WITH_FORKSERVER
-            and cal.processes_would_save(cal.rows) > 0
-        ):
+        if self.prestart and cal.cheap_start and cal.processes_would_save(cal.rows) > 0:
             self.get("processes").prestart()  # type: ignore[attr-defined]
             cal.prestarted = True
         cal.sample = self.job.done
         cal.seconds = self._now() - t0
         return cal
+
+
+def _same_rows(spec: Any, leaves: list[torch.Tensor], ref: Output, k: int) -> bool:
+    """Whether a batched form's first ``k`` rows (``spec``, ``leaves``) equal the
+    rows serial wrote into ``ref``, bit for bit, in structure, shape and dtype."""
+    return spec == ref.spec and all(
+        leaf.shape == buf[:k].shape and leaf.dtype == buf.dtype and torch.equal(leaf, buf[:k])
+        for leaf, buf in zip(leaves, ref.buffers)
+    )
 
 
 def _why(exc: BaseException) -> str:

@@ -73,10 +73,16 @@ def shm_free() -> int | None:
         return None
 
 
-def _check_shm(nbytes: int, what: str) -> None:
+def shm_fits(nbytes: int) -> bool:
+    """Whether ``nbytes`` fit in /dev/shm, with a margin: other processes (and torch's
+    own allocator) share it. True where there is no such folder to check."""
     free = shm_free()
-    # keep a margin: other processes (and torch's own allocator) share /dev/shm
-    if free is not None and nbytes > 0.9 * free:
+    return free is None or nbytes <= 0.9 * free
+
+
+def _check_shm(nbytes: int, what: str) -> None:
+    if not shm_fits(nbytes):
+        free = shm_free() or 0
         raise ConfigError(
             f"executor='processes' needs {nbytes / 2**20:.1f} MiB of shared memory for {what}, "
             f"but {SHM_DIR} has {free / 2**20:.1f} MiB free; use executor='threads', smaller "
