@@ -383,18 +383,25 @@ class Calibrator:
         a row over the cores, the workers have nothing left to divide."""
         job, cal = self.job, self.cal
         intra = torch.get_num_threads()
-        if intra < 2 or threads_per_worker(cal.workers) >= intra or self.n - job.done < 4:
+        if intra < 2 or threads_per_worker(cal.workers) >= intra or self.n - job.done < 8:
             return
-        rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, (self.n - job.done) // 4))
-        torch.set_num_threads(threads_per_worker(cal.workers))
-        try:
+        rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, (self.n - job.done) // 8))
+
+        def block() -> float:
             t, start = self._now(), job.done
             job.run_range(start, start + rows)
             job.done = start + rows
-            cal.one_thread_row = (self._now() - t) / rows
+            return (self._now() - t) / rows
+
+        torch.set_num_threads(threads_per_worker(cal.workers))
+        try:
+            per_row = block()
+            if per_row > 1.2 * cal.serial_row:  # slower: once more before believing it,
+                per_row = min(per_row, block())  # as noise only ever slows a block down
         finally:
             torch.set_num_threads(intra)
-        cal.serial_cores = min(max(1.0, cal.one_thread_row / cal.serial_row), float(self.cores))
+        cal.one_thread_row = per_row
+        cal.serial_cores = min(max(1.0, per_row / cal.serial_row), float(self.cores))
 
     def _process_dispatch(self) -> float:
         ex = self.get("processes")
