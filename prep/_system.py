@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from .executors import available_cores, threads_per_worker
-from .executors.processes import START_METHOD, shm_free
+from .executors._spawn import start_method
+from .executors.processes import shm_free
 
 
 def info(workers: int | None = None) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def info(workers: int | None = None) -> dict[str, Any]:
         "gil_enabled": gil,
         "cores": cores,
         "torch_threads": torch.get_num_threads(),
-        "start_method": START_METHOD,
+        "start_method": start_method(),
         "workers": workers,
         "threads_per_worker": threads_per_worker(workers),
         "shm_free_bytes": shm_free(),

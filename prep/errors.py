@@ -2,7 +2,11 @@
 
     PrepError
     ├── ConfigError      a setting that cannot work (bad executor name, workers < 1,
-    │                    not enough /dev/shm, CUDA tensors sent to processes, ...)
+    │   │                CUDA asked for where torch has none, CUDA tensors sent to
+    │   │                processes, ...)
+    │   └── ExecutorUnavailable   the executor cannot run this job here: its workers
+    │       │                     cannot start, or /dev/shm has no room
+    │       └── FunctionLoadError a worker could not load the row function
     ├── RowError         the row function raised; ``.row`` is the row's index and
     │                    ``__cause__`` carries the original exception or traceback
     ├── StackError       two rows returned results of different shape or dtype
@@ -19,6 +23,8 @@ from __future__ import annotations
 __all__ = [
     "BatchTimeout",
     "ConfigError",
+    "ExecutorUnavailable",
+    "FunctionLoadError",
     "PrepError",
     "RemoteTraceback",
     "RowError",
@@ -34,6 +40,22 @@ class PrepError(Exception):
 
 class ConfigError(PrepError, ValueError):
     """A setting that cannot work; the message names the value and the fix."""
+
+
+class ExecutorUnavailable(ConfigError):
+    """The chosen executor cannot run this job here (not the row function's fault).
+
+    ``auto`` falls back to its next best executor on this error, with a warning.
+    """
+
+
+class FunctionLoadError(ExecutorUnavailable):
+    """A worker process could not load the row function sent to it.
+
+    ``__cause__`` carries the worker's traceback. The message names the function,
+    the reason and what to do (usually: make the modules it needs importable in a
+    fresh interpreter, or use ``executor="threads"``).
+    """
 
 
 class RowError(PrepError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -193,9 +194,22 @@ def test_bad_batches_and_settings():
         prep.map_rows(rowfns.identity, torch.ones(3, 2), out=torch.empty(2, 2))
 
 
+def test_lambdas_closures_and_local_functions_run_under_processes():
+    k, shift = 3, torch.tensor([0.5, -0.5])
+
+    def local(row: torch.Tensor) -> torch.Tensor:
+        return row * k + shift  # a closure over an int and a tensor
+
+    x = torch.arange(6.0).view(3, 2)
+    for fn in (lambda r: r * k, local, functools.partial(local)):
+        got = prep.map_rows(fn, x, executor="processes", workers=2)
+        assert torch.equal(got, torch.stack([fn(r) for r in x]))
+
+
 def test_unpicklable_function_under_processes():
-    with pytest.raises(prep.ConfigError, match=r"cannot be pickled.*module level.*'threads'"):
-        prep.map_rows(lambda r: r, torch.ones(3, 2), executor="processes", workers=2)
+    lock = threading.Lock()
+    with pytest.raises(prep.ConfigError, match=r"cannot be pickled.*picklable.*'threads'"):
+        prep.map_rows(lambda r: r if lock else r, torch.ones(3, 2), executor="processes")
 
 
 def _threads() -> set[str]:

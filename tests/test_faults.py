@@ -6,11 +6,13 @@ One table of cases, each bounded by a timeout, like loky's crash tests; the
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -51,7 +53,14 @@ CASES = [
     (rowfns.fail_on_5, "processes", prep.RowError, r"row 5: ValueError: cannot handle 5", 5, None),
     (rowfns.fail_on_5, "joblib", prep.RowError, r"row 5: ValueError: cannot handle 5", 5, None),
     (rowfns.not_a_tensor, "processes", TypeError, r"on row 0, returned a list", 5, None),
-    (lambda r: r, "processes", prep.ConfigError, r"cannot be pickled.*module level", 5, None),
+    (
+        functools.partial(rowfns.with_lock, lock=threading.Lock()),
+        "processes",
+        prep.ConfigError,
+        r"rowfns\.with_lock.*cannot be pickled.*must be picklable.*'threads'",
+        5,
+        None,
+    ),
 ]
 
 
@@ -59,7 +68,7 @@ CASES = [
 @pytest.mark.parametrize(
     ("fn", "executor", "error", "match", "allowed", "timeout"),
     CASES,
-    ids=[f"{c[0].__name__}-{c[1]}" for c in CASES],
+    ids=[f"{getattr(c[0], '__name__', 'partial')}-{c[1]}" for c in CASES],
 )
 def test_fault(no_leaks, fn, executor, error, match, allowed, timeout):
     x = torch.arange(8.0).view(8, 1)
@@ -168,10 +177,20 @@ def test_cuda_tensors_never_reach_workers():
 
 
 def test_fork_after_cuda_is_refused(monkeypatch):
-    monkeypatch.setattr(processes_module, "START_METHOD", "fork")
+    from prep.executors import _spawn
+
+    monkeypatch.setenv("PREP_START_METHOD", "fork")
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(prep.ConfigError, match=r"'fork' after CUDA.*'forkserver'"):
-        processes_module.context()
+        _spawn.context()
+
+
+def test_an_unknown_start_method_is_refused(monkeypatch):
+    from prep.executors import _spawn
+
+    monkeypatch.setenv("PREP_START_METHOD", "spawn")
+    with pytest.raises(prep.ConfigError, match=r"PREP_START_METHOD='spawn' is not one of"):
+        _spawn.context()
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -230,9 +249,17 @@ def test_a_function_workers_cannot_load_does_not_poison_the_pool(no_leaks, tmp_p
         (tmp_path / "gone_soon.py").unlink()  # the workers cannot import it any more
         x = torch.arange(8.0).view(8, 1)
         with prep.Pool("processes", workers=2) as pool:
-            with pytest.raises(prep.ConfigError, match="could not unpickle"):
+            start = time.monotonic()
+            with pytest.raises(
+                prep.errors.FunctionLoadError,
+                match=r"could not load the row function gone_soon\.f .*No module named "
+                r"'gone_soon'.*importable",
+            ) as info:
                 pool.map_rows(fn, x)
+            assert time.monotonic() - start < 10
+            assert "ModuleNotFoundError" in str(info.value.__cause__)  # the worker's traceback
             assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
+            assert torch.equal(pool.map_rows(lambda r: r - 1, x), x - 1)  # sent by value
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("gone_soon", None)

@@ -77,6 +77,10 @@ def identity(row: torch.Tensor) -> torch.Tensor:
     return row
 
 
+def exit_now() -> None:
+    """A process that does nothing: what starting one worker is timed with."""
+
+
 def ready(hold: float) -> int:
     """A worker's pid, once it has imported torch (this module does), after ``hold`` s."""
     time.sleep(hold)
@@ -147,7 +151,6 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
     limit_threads(threads)
     _watch_parent(main_pid)
     fn: Any = None
-    fn_blob: bytes | None = None
     shell: Any = None
     columns: dict[int, torch.Tensor] = {}
     out: Output | None = None
@@ -159,17 +162,20 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
         tag = msg[0]
         if tag == "close":
             return
+        if tag == "fn":
+            try:
+                fn = pickle.loads(msg[1])
+            except BaseException as exc:  # SystemExit from a module it imports, too
+                fn = None
+                conn.send(_error(-1, exc))
+            else:
+                conn.send(("loaded",))
+            continue
         if tag == "batch":
-            _, blob, shell, keys, new_columns, out = msg
+            _, shell, keys, new_columns, out = msg
             columns = {k: columns[k] if k in columns else new_columns[k] for k in keys}
             if isinstance(shell, TensorRows):
                 shell = shell.replace([columns[k] for k in keys])
-            if blob is not None and blob != fn_blob:
-                try:
-                    fn, fn_blob = pickle.loads(blob), blob
-                except Exception as exc:
-                    fn, fn_blob = None, None
-                    conn.send(_error(-1, exc))
             continue
         if tag == "output":
             out = msg[1]

@@ -1,10 +1,10 @@
 """Persistent worker processes that write rows straight into shared memory.
 
-    parent                                           worker k (forked by the forkserver)
-    ──────                                           ──────────────────────────────────
+    parent                                           worker k (forked by prep's forkserver)
+    ──────                                           ──────────────────────────────────────
+    fn, cloudpickled (once per change) ───── "fn" ──▶ loads it ── "loaded" / "error" ─▶ parent
     batch columns ─copy once─▶ shared arena ┐
-    output buffers (shared) ────────────────┼─"batch" (fds, once)──▶ maps the same pages
-    pickled fn (once per change) ───────────┘
+    output buffers (shared) ────────────────┴─"batch" (fds, once)──▶ maps the same pages
     row ranges (a few per worker) ───────── "run" (start, stop) ──▶ fn(row i) ─▶ out[i].copy_()
     wait(conns + process sentinels, deadline) ◀── "done" / "error" ──┘
 
@@ -18,51 +18,72 @@ sentinel (:class:`~prep.WorkerCrashed`), a deadline through ``wait``'s timeout
 (:class:`~prep.BatchTimeout`), Ctrl-C in the parent (workers ignore SIGINT).
 After any of these the pool kills its workers and starts fresh ones on the next
 call; a row that raises only costs the batch (:class:`~prep.RowError`).
-Workers are forked from a forkserver that preloads torch, so they start in
-milliseconds and never inherit a CUDA context; each exits by itself when the
-parent disappears.
+Workers are forked from prep's own forkserver (``_spawn``), which preloads
+torch, so they start in milliseconds, never inherit a CUDA context and never
+import or run the user's main script; each exits by itself when the parent
+disappears. The row function travels with cloudpickle: by name when the
+workers can import it, by value when they cannot (``__main__`` of a script,
+a notebook, ``python -c`` or stdin; lambdas, closures, local functions).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
+import math
 import os
+import pickle
 import shutil
 import signal
 import threading
+import time
 from collections import deque
 from multiprocessing import connection
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import cloudpickle
 import torch
-import torch.multiprocessing as tmp
 
 from .._structure import Output, SampleRows, TensorRows, flatten
-from ..errors import BatchTimeout, ConfigError, RemoteTraceback, WorkerCrashed
-from . import _worker
+from ..errors import (
+    BatchTimeout,
+    ConfigError,
+    ExecutorUnavailable,
+    FunctionLoadError,
+    RemoteTraceback,
+    WorkerCrashed,
+)
+from . import _spawn, _worker
 from ._base import Executor, Job, iter_chunks, threads_per_worker
 
-START_METHOD = os.environ.get("PREP_START_METHOD", "forkserver")
 SHM_DIR = "/dev/shm"
+#: seconds a worker may take to load the row function (importing its modules)
+LOAD_TIMEOUT = 120.0
 
 
-def context() -> Any:
-    """The multiprocessing context workers start from (never fork after CUDA)."""
-    if START_METHOD not in ("forkserver", "spawn", "fork"):
+def describe_fn(fn: Any) -> str:
+    """``module.qualname`` of a function (or the repr of another callable)."""
+    if isinstance(fn, functools.partial):
+        return f"functools.partial({describe_fn(fn.func)}, ...)"
+    name = getattr(fn, "__qualname__", None)
+    if name is None:
+        return repr(fn)
+    return f"{getattr(fn, '__module__', None) or '?'}.{name}"
+
+
+def pickle_fn(fn: Any) -> bytes:
+    """The row function as workers load it: by name where they can import it, by
+    value (cloudpickle) where they cannot. Tensors it captures travel as copies."""
+    try:
+        return cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
         raise ConfigError(
-            f"PREP_START_METHOD={START_METHOD!r} is not one of 'forkserver', 'spawn', 'fork'"
-        )
-    if START_METHOD == "fork" and torch.cuda.is_initialized():
-        raise ConfigError(
-            "PREP_START_METHOD='fork' after CUDA was initialized would corrupt "
-            "the workers' CUDA state; use 'forkserver' (the default) or 'spawn'"
-        )
-    ctx = tmp.get_context(START_METHOD)
-    if START_METHOD == "forkserver":
-        ctx.set_forkserver_preload(["__main__", "torch", _worker.__name__])
-    return ctx
+            f"executor='processes' must send the row function {describe_fn(fn)} to its "
+            f"workers, and it cannot be pickled ({type(exc).__name__}: {exc}); it (or "
+            f"something it captures: a lock, an open file, a module-level client) must be "
+            f"picklable, or use executor='threads'"
+        ) from exc
 
 
 def shm_free() -> int | None:
@@ -83,7 +104,7 @@ def shm_fits(nbytes: int) -> bool:
 def _check_shm(nbytes: int, what: str) -> None:
     if not shm_fits(nbytes):
         free = shm_free() or 0
-        raise ConfigError(
+        raise ExecutorUnavailable(
             f"executor='processes' needs {nbytes / 2**20:.1f} MiB of shared memory for {what}, "
             f"but {SHM_DIR} has {free / 2**20:.1f} MiB free; use executor='threads', smaller "
             f"batches, or a larger /dev/shm (docker run --shm-size=...)"
@@ -96,8 +117,15 @@ class _Worker:
         self.proc = ctx.Process(
             target=_worker.main, args=(child, os.getpid(), threads), daemon=True, name="prep-worker"
         )
-        self.proc.start()
-        child.close()
+        try:
+            self.proc.start()
+        except (OSError, EOFError, RuntimeError) as exc:
+            raise ExecutorUnavailable(
+                f"executor='processes' could not start a worker process "
+                f"({type(exc).__name__}: {exc}); use executor='threads' or 'joblib'"
+            ) from exc
+        finally:
+            child.close()
         self.fn_blob: bytes | None = None
         self.keys: set[int] = set()
         self.held: tuple[int, int] | None = None  # the row range it is working on
@@ -112,9 +140,17 @@ class _Worker:
         self.proc.join(5)
         self.conn.close()
 
+    def how_it_died(self) -> str:
+        self.proc.join(1)
+        code = self.proc.exitcode
+        if code is not None and code < 0:
+            return f"signal {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
 
 class ProcessExecutor(Executor):
     name = "processes"
+    needs_processes = True
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)
@@ -124,6 +160,7 @@ class ProcessExecutor(Executor):
         self._arena: list[tuple[int, torch.Tensor, bool]] = []
         self._lock = threading.Lock()  # one batch at a time: the pipes carry one conversation
         self._keys = itertools.count()
+        self._dispatch: float | None = None
 
     # -------------------------------------------------------------- lifecycle
 
@@ -131,21 +168,63 @@ class ProcessExecutor(Executor):
         if any(not w.proc.is_alive() for w in self._workers):
             self._reset()  # one died while idle (killed, OOM): start all afresh
         if len(self._workers) < self.workers:
-            ctx = context()
+            _spawn.ensure_server()  # measures the server's start and a worker's, once
+            ctx = _spawn.context()
             threads = threads_per_worker(self.workers)
             while len(self._workers) < self.workers:
                 self._workers.append(_Worker(ctx, threads))
 
+    @property
+    def started(self) -> bool:
+        """Whether the workers are up (started, not necessarily ready)."""
+        return len(self._workers) == self.workers and all(w.proc.is_alive() for w in self._workers)
+
+    def start_cost(self) -> float | None:
+        """Seconds starting this pool would take now, from what was measured here:
+        0 when it runs, the workers' start when prep's forkserver is up, None when
+        the server has not been measured yet (see :func:`_spawn.warm_up`)."""
+        if self.started:
+            return 0.0
+        costs = _spawn.start_costs()
+        if not _spawn.server_running() or costs.worker is None:
+            return None
+        return costs.worker * self.workers
+
     def prestart(self) -> None:
         """Start the workers now, without waiting for them: they get ready while the
-        caller goes on, and the next batch finds them up (``auto`` does this)."""
+        caller goes on, and the next batch finds them up."""
         with self._lock:
             self._ensure_started()
+
+    def load(self, fn: Any, timeout: float | None = None) -> float:
+        """Start the workers if needed and have every one load ``fn``; the seconds that
+        took. Raises :class:`~prep.errors.FunctionLoadError` if a worker cannot load
+        it, :class:`~prep.errors.ExecutorUnavailable` if the workers cannot start."""
+        blob = pickle_fn(fn)
+        with self._lock:
+            t = time.perf_counter()
+            self._load(fn, blob, timeout)
+            return time.perf_counter() - t
+
+    def dispatch_cost(self) -> float:
+        """Seconds a warm batch costs this pool beyond its rows (measured once, on a
+        no-op row function; the faster of two tries, as the first may wait for
+        workers still starting)."""
+        if self._dispatch is None:
+            probe = TensorRows((torch.zeros(self.workers * 2, 1),))
+            best = math.inf
+            for _ in range(2):
+                t = time.perf_counter()
+                self.run(Job(_worker.identity, probe))
+                best = min(best, time.perf_counter() - t)
+            self._dispatch = best
+        return self._dispatch
 
     def _reset(self) -> None:
         """Kill every worker; the next call starts fresh ones."""
         workers, self._workers = self._workers, []
         self._arena = []
+        self._dispatch = None
         for w in workers:
             w.stop()
 
@@ -162,6 +241,49 @@ class ProcessExecutor(Executor):
         """The worker processes' ids (empty until the first batch)."""
         return [w.proc.pid for w in self._workers if w.proc.pid is not None]
 
+    # -------------------------------------------------------------- the function
+
+    def _load(self, fn: Any, blob: bytes, timeout: float | None) -> None:
+        """Every worker holds ``fn`` (sent to those that do not); all replies read."""
+        self._ensure_started()
+        waiting = {}
+        for w in self._workers:
+            if w.fn_blob != blob:
+                w.fn_blob = None
+                w.conn.send(("fn", blob))
+                waiting[w.conn] = w
+        limit = LOAD_TIMEOUT if timeout is None else max(0.0, timeout)
+        end = time.monotonic() + limit
+        failure: tuple[str, BaseException | None] | None = None
+        while waiting:
+            sentinels = {w.proc.sentinel: w for w in waiting.values()}
+            ready = connection.wait([*waiting, *sentinels], max(0.0, end - time.monotonic()))
+            if not ready:
+                self._reset()
+                raise FunctionLoadError(
+                    f"executor='processes' workers did not load the row function "
+                    f"{describe_fn(fn)} within {limit:.1f} s (does importing what it needs "
+                    f"hang?); check that its modules import quickly in a fresh interpreter, "
+                    f"or use executor='threads'"
+                )
+            for r in ready:
+                w = waiting.get(r) or sentinels.get(r)  # type: ignore[call-overload]
+                if w is None or waiting.pop(w.conn, None) is None:
+                    continue  # its pipe and its sentinel were both ready: handled once
+                why = _load_reply(w, blob)  # read every reply, the first failure kept
+                failure = failure or why
+        if failure is not None:
+            if any(not w.proc.is_alive() for w in self._workers):
+                self._reset()
+            reason, cause = failure
+            raise FunctionLoadError(
+                f"executor='processes' could not load the row function {describe_fn(fn)} in "
+                f"its worker processes ({reason}). Workers start from a fresh interpreter "
+                f"and never run your main script, so what the function needs by name (its "
+                f"module, the modules it imports) must be importable there: install it, or "
+                f"keep it on sys.path; or use executor='threads'"
+            ) from cause
+
     # -------------------------------------------------------------- one batch
 
     def run(self, job: Job) -> Output:
@@ -172,7 +294,8 @@ class ProcessExecutor(Executor):
         n = len(job.rows)
         if n == 0:
             return job.output  # type: ignore[return-value]
-        blob = self._pickle_fn(job.fn)
+        blob = pickle_fn(job.fn)
+        self._load(job.fn, blob, job.remaining())
         shell, keys, columns = self._share_columns(job.rows)
         given = job.output
         if given is not None and not all(
@@ -180,34 +303,23 @@ class ProcessExecutor(Executor):
         ):
             _check_shm(sum(b.numel() * b.element_size() for b in given.buffers), "the output")
             job.output = given.like(shared=True)  # staging; copied into out= at the end
-        self._ensure_started()
-        job.restart_clock()  # the timeout is for the rows, not for starting workers
         try:
-            self._dispatch(job, blob, shell, keys, columns)
+            self._send_batch(job, shell, keys, columns)
         except BaseException as exc:
             # crashed, timed out or interrupted with rows in flight: the workers' state is
             # unknown, so start afresh. A row error waited for the others: keep the pool.
-            if isinstance(exc, (WorkerCrashed, BatchTimeout, OSError, _Unloadable)) or any(
+            if isinstance(exc, (WorkerCrashed, BatchTimeout, OSError)) or any(
                 w.held for w in self._workers
             ):
                 self._reset()
+            if given is not None:
+                job.output = given
             raise
         if given is not None and job.output is not given:
             for dst, src in zip(given.buffers, job.output.buffers):
                 dst[job.done :].copy_(src[job.done :])  # rows before were written in place
             job.output = given
         return job.output  # type: ignore[return-value]
-
-    def _pickle_fn(self, fn: Any) -> bytes:
-        try:
-            return bytes(ForkingPickler.dumps(fn))
-        except Exception as exc:
-            raise ConfigError(
-                f"executor='processes' must send the row function {fn!r} to its workers, "
-                f"and it cannot be pickled ({type(exc).__name__}: {exc}); define it at module "
-                f"level (not a lambda, a nested function or a bound method of an unpicklable "
-                f"object), or use executor='threads' or 'joblib'"
-            ) from exc
 
     def _share_columns(self, rows: Any) -> tuple[Any, list[int], dict[int, torch.Tensor]]:
         """Put the batch's columns in shared memory, reusing last batch's buffers."""
@@ -240,17 +352,15 @@ class ProcessExecutor(Executor):
         self._arena = arena
         return rows.shell(), keys, columns
 
-    def _dispatch(
-        self, job: Job, blob: bytes, shell: Any, keys: list[int], columns: dict[int, torch.Tensor]
+    def _send_batch(
+        self, job: Job, shell: Any, keys: list[int], columns: dict[int, torch.Tensor]
     ) -> None:
         n = len(job.rows)
         for w in self._workers:
             w.held = None
             new = {k: columns[k] for k in keys if k not in w.keys}
-            w.conn.send(
-                ("batch", None if blob == w.fn_blob else blob, shell, keys, new, job.output)
-            )
-            w.fn_blob, w.keys = blob, set(keys)
+            w.conn.send(("batch", shell, keys, new, job.output))
+            w.keys = set(keys)
         pending: deque[tuple[int, int]] = deque()
         if job.output is None:  # a worker runs row 0 first; its result fixes the output
             self._send(self._workers[0], job, 0, 1, probe=True)
@@ -323,38 +433,38 @@ class ProcessExecutor(Executor):
             )
             job.store(msg[1], msg[2], shared=True)
             return []
-        _, row, name, text, tb, blob = msg
-        if row < 0:  # the worker could not even load the function
-            w.held = None
-            raise _Unloadable(
-                f"the worker could not unpickle the row function "
-                f"({name}: {text}); is its module importable in a fresh "
-                f"process?"
-            ) from RemoteTraceback(tb)
+        row = msg[1]
         if w.held is not None and not (w.held[0] <= row < w.held[1]):
             return []
         w.held = None
         return [_worker.error_from_reply(msg)]
 
     def _crashed(self, w: _Worker) -> None:
-        w.proc.join(1)
-        code = w.proc.exitcode
-        how = f"exit code {code}"
-        if code is not None and code < 0:
-            how = f"signal {signal.Signals(-code).name}"
+        how = w.how_it_died()
         rows = f"while it held rows {w.held[0]}-{w.held[1] - 1}" if w.held else "while idle"
         raise WorkerCrashed(
             f"worker pid {w.proc.pid} died with {how} {rows}; likely causes: a segfault or "
             f"abort in the row function (or a library it calls), or the OS killed the worker "
             f"for memory (see dmesg). The pool starts new workers on the next call",
             pid=w.proc.pid,
-            exitcode=code,
+            exitcode=w.proc.exitcode,
             rows=w.held,
         )
 
 
-class _Unloadable(ConfigError):
-    """A worker could not unpickle the row function (the pool restarts after it)."""
+def _load_reply(w: _Worker, blob: bytes) -> tuple[str, BaseException | None] | None:
+    """None if the worker loaded the function, else why not (and its traceback)."""
+    try:
+        msg = w.conn.recv() if w.conn.poll() else None
+    except (EOFError, OSError):
+        msg = None
+    if msg is None:
+        return f"the worker died with {w.how_it_died()} while loading it", None
+    if msg[0] == "loaded":
+        w.fn_blob = blob
+        return None
+    _, _, name, text, tb, _ = msg
+    return f"{name}: {text}", RemoteTraceback(tb)
 
 
 def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

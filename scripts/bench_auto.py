@@ -1,0 +1,659 @@
+"""auto against the best fixed executor, on prep's workloads and on real libraries' row functions.
+
+Run it alone on the machine (every figure is a median of interleaved repeats):
+
+    python scripts/bench_auto.py                        # every workload, 256 rows a batch
+    python scripts/bench_auto.py --quick                # a smoke test (well under a minute)
+    python scripts/bench_auto.py --workloads python,pil_augment --rows 128 --repeat 3
+    python scripts/bench_auto.py --json auto.json       # the figures as JSON too
+
+For each workload (prep's own from prep.bench.workloads, and every one of
+prep.bench.libraries that can run here) and every executor that applies
+(serial, threads, processes, joblib, vectorized, vmap; auto):
+
+* warm: one prep.Pool per executor, warmed by its first calls (the first one's
+  result checked against serial's with torch.equal), then timed with
+  prep.bench.interleaved. auto's pool is warmed last, when the forkserver is up.
+* first 6 calls: a fresh prep.Pool timed over its first 6 calls, start-up and
+  calibration included, each measurement in a fresh interpreter
+  (``--one WORKLOAD EXECUTOR``, which prints JSON), so every executor pays its own
+  start-up, multiprocessing's forkserver included, as in a user's fresh program.
+  Repeat r runs every executor once, in an order rotated by r.
+* 16 batches: 256 rows of a ~2 ms GIL-bound pure-Python row function
+  (python_work with iters tuned here), a fresh Pool("auto") against a fresh
+  Pool("processes"), each in a fresh interpreter (``--many EXECUTOR``): the total.
+
+Targets: auto within 1.15x of the best fixed executor warm, within 1.3x over the
+first 6 calls, and within 1.2x of processes over the 16 batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import prep
+from prep.bench import WORKLOADS, Workload, interleaved, table
+from prep.bench.libraries import LIBRARY_WORKLOADS, available
+from prep.bench.libraries import call as call_workload
+from prep.bench.workloads import python_work
+
+SCRIPT = Path(__file__).resolve()
+PREP_DEFAULT = ["noop", "python", "sleep", "matmul", "tokenize", "side_context_small"]
+FIXED = ["serial", "threads", "processes", "joblib", "vectorized", "vmap"]
+AUTO = "auto"
+EXECUTORS = [*FIXED, AUTO]
+BATCHED = ("vectorized", "vmap")  # n/a where they raise (no twin, vmap cannot trace fn)
+FIRST_CALLS = 6
+WARM_TARGET, FIRST_TARGET, MANY_TARGET = 1.15, 1.3, 1.2
+MANY_ROW_S = 0.002  # the 16-batch case's row function costs about this much
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def find_workload(name: str) -> Workload:
+    if name in WORKLOADS:
+        return WORKLOADS[name]
+    if name in LIBRARY_WORKLOADS:
+        return LIBRARY_WORKLOADS[name]
+    raise SystemExit(
+        f"unknown workload {name!r}; choose from {', '.join([*WORKLOADS, *LIBRARY_WORKLOADS])}"
+    )
+
+
+def is_samples(w: Workload) -> bool:
+    return bool(getattr(w, "samples", False))
+
+
+def last_choice(pool: prep.Pool) -> str:
+    """The executor auto chose last, from ``pool.explain()``'s "choice: ..." lines."""
+    found = re.findall(r"choice:\s*(\S+)", pool.explain())
+    return found[-1] if found else "?"
+
+
+def rotated(items: Sequence[str], r: int) -> list[str]:
+    k = r % len(items) if items else 0
+    return [*items[k:], *items[:k]]
+
+
+def error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def compare(got: Any, want: Any) -> str:
+    """'equal' (torch.equal), 'close' (allclose only) or 'DIFFERS'."""
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+            return "DIFFERS"
+        if torch.equal(got, want):
+            return "equal"
+        if (got.is_floating_point() or got.is_complex()) and torch.allclose(
+            got, want, rtol=1e-4, atol=1e-6, equal_nan=True
+        ):
+            return "close"
+        return "DIFFERS"
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or sorted(got) != sorted(want):
+            return "DIFFERS"
+        return worst([compare(got[k], want[k]) for k in want])
+    if isinstance(want, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(want):
+            return "DIFFERS"
+        return worst([compare(g, w) for g, w in zip(got, want)])
+    return "equal" if got == want else "DIFFERS"
+
+
+def worst(verdicts: list[str]) -> str:
+    for v in ("DIFFERS", "close"):
+        if v in verdicts:
+            return v
+    return "equal"
+
+
+def ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    value = seconds * 1e3
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:,.0f}"
+
+
+def machine() -> dict[str, Any]:
+    facts = prep.info()
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    libs = {}
+    for module in ("numpy", "PIL", "tokenizers", "joblib"):
+        try:
+            libs[module] = getattr(__import__(module), "__version__", "?")
+        except Exception:
+            libs[module] = "missing"
+    return {
+        "cores": facts["cores"],
+        "torch": facts["torch"],
+        "torch_threads": facts["torch_threads"],
+        "python": facts["python"],
+        "prep": facts["prep"],
+        "start_method": facts["start_method"],
+        "cpu": cpu or platform.processor(),
+        "platform": platform.platform(),
+        "libraries": libs,
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+
+
+# ---------------------------------------------------------------- in a fresh interpreter
+
+
+def one(name: str, executor: str, rows: int, workers: int, calls: int) -> dict[str, Any]:
+    """A fresh Pool's first ``calls`` calls, start-up included (the ``--one`` child)."""
+    w = find_workload(name)
+    batch = w.batch(rows)
+    times: list[float] = []
+    began = time.perf_counter()
+    pool = prep.Pool(executor, workers=workers)
+    try:
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            call_workload(pool, w, batch)
+            times.append(time.perf_counter() - t0)
+        total = time.perf_counter() - began
+        choice = last_choice(pool) if executor == AUTO else executor
+    finally:
+        t0 = time.perf_counter()
+        pool.close()
+        closed = time.perf_counter() - t0
+    return {"total_s": total, "calls_s": times, "choice": choice, "close_s": closed}
+
+
+def many(executor: str, rows: int, workers: int, batches: int, iters: int) -> dict[str, Any]:
+    """A fresh Pool over ``batches`` batches of the GIL-bound row fn (the ``--many`` child)."""
+    fn = functools.partial(python_work, iters=iters)
+    data = [
+        torch.arange(b * rows, (b + 1) * rows, dtype=torch.float32).view(rows, 1) + 1
+        for b in range(batches)
+    ]
+    times: list[float] = []
+    began = time.perf_counter()
+    pool = prep.Pool(executor, workers=workers)
+    try:
+        for batch in data:
+            t0 = time.perf_counter()
+            pool.map_rows(fn, batch)
+            times.append(time.perf_counter() - t0)
+        total = time.perf_counter() - began
+        choice = last_choice(pool) if executor == AUTO else executor
+    finally:
+        pool.close()
+    return {"total_s": total, "calls_s": times, "choice": choice}
+
+
+def child(args: list[str], timeout: float) -> dict[str, Any]:
+    """Run this script with ``args`` in a fresh interpreter; its JSON line, or an error."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPT), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"error": f"exit {proc.returncode}: {tail[:200]}"}
+    return json.loads(lines[-1])
+
+
+# ---------------------------------------------------------------- one workload
+
+
+class Guard:
+    """A variant that records its first exception instead of raising it mid-timing."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+        self.error = ""
+
+    def __call__(self) -> None:
+        if not self.error:
+            try:
+                self.call()
+            except Exception as exc:
+                self.error = error_text(exc)
+
+
+def warm(w: Workload, rows: int, workers: int, repeat: int, warmup: int) -> dict[str, Any]:
+    """Warm pools, checked against serial's result, timed interleaved."""
+    batch = w.batch(rows)
+    executors = [e for e in EXECUTORS if not (is_samples(w) and e in BATCHED)]
+    res: dict[str, Any] = {"status": {}, "verified": {}, "warm": {}, "warm_samples": {}}
+    if is_samples(w):
+        for e in BATCHED:
+            res["status"][e] = "n/a: a list of samples has no batched form"
+    pools = {e: prep.Pool(e, workers=workers) for e in executors}
+    try:
+        reference = call_workload(pools["serial"], w, batch)
+        ok: list[str] = []
+        for e in executors:  # auto last: the forkserver is up by then, as in a warm program
+            try:
+                got = reference if e == "serial" else call_workload(pools[e], w, batch)
+                for _ in range(warmup - 1):
+                    call_workload(pools[e], w, batch)
+            except Exception as exc:
+                res["status"][e] = ("n/a: " if e in BATCHED else "failed: ") + error_text(exc)
+                pools.pop(e).close()
+                continue
+            res["verified"][e] = compare(got, reference)
+            res["status"][e] = "ok"
+            ok.append(e)
+        guards = {e: Guard(lambda e=e: call_workload(pools[e], w, batch)) for e in ok}
+        timings = interleaved(guards, repeat=repeat, warmup=0)
+        for e, guard in guards.items():
+            if guard.error:
+                res["status"][e] = "failed: " + guard.error
+                continue
+            res["warm"][e] = timings[e].median
+            res["warm_samples"][e] = list(timings[e].samples)
+        res["warm_choice"] = last_choice(pools[AUTO]) if AUTO in pools else None
+        res["warm_explain"] = pools[AUTO].explain() if AUTO in pools else None
+    finally:
+        for pool in pools.values():
+            pool.close()
+    return res
+
+
+def first_calls(
+    name: str, executors: list[str], rows: int, workers: int, repeat: int, timeout: float
+) -> dict[str, Any]:
+    samples: dict[str, list[float]] = {e: [] for e in executors}
+    choices: list[str] = []
+    errors: dict[str, str] = {}
+    firsts: dict[str, list[float]] = {e: [] for e in executors}
+    for r in range(repeat):
+        for e in rotated(executors, r):
+            if e in errors:
+                continue
+            out = child(["--one", name, e, "--rows", str(rows), "--workers", str(workers)], timeout)
+            if "error" in out:
+                errors[e] = out["error"]
+                continue
+            samples[e].append(out["total_s"])
+            firsts[e].append(out["calls_s"][0])
+            if e == AUTO:
+                choices.append(out["choice"])
+    return {
+        "first6": {e: statistics.median(s) for e, s in samples.items() if s and e not in errors},
+        "first6_samples": {e: s for e, s in samples.items() if s},
+        "first_call": {e: statistics.median(s) for e, s in firsts.items() if s},
+        "first6_choices": choices,
+        "first6_errors": errors,
+    }
+
+
+def best_of(times: dict[str, float]) -> tuple[str | None, float | None]:
+    fixed = {e: t for e, t in times.items() if e != AUTO}
+    if not fixed:
+        return None, None
+    e = min(fixed, key=fixed.__getitem__)
+    return e, fixed[e]
+
+
+def verdict(
+    times: dict[str, float], target: float
+) -> tuple[str | None, float | None, float | None, bool | None]:
+    best, best_t = best_of(times)
+    auto_t = times.get(AUTO)
+    if best_t is None or auto_t is None:
+        return best, best_t, None, None
+    ratio = auto_t / best_t if best_t > 0 else float("inf")
+    return best, best_t, ratio, ratio <= target
+
+
+# ---------------------------------------------------------------- the 16-batch case
+
+
+def tune_iters(target_s: float, probe_iters: int = 20_000, rows: int = 5) -> tuple[int, float]:
+    """iters for python_work to take ``target_s`` a row here, and the per-row time measured."""
+
+    def per_row(iters: int) -> float:
+        row = torch.ones(1)
+        best = float("inf")
+        for _ in range(3):  # the fastest block: noise only slows a block down
+            t0 = time.perf_counter()
+            for _ in range(rows):
+                python_work(row, iters=iters)
+            best = min(best, (time.perf_counter() - t0) / rows)
+        return best
+
+    iters = max(1_000, round(probe_iters * target_s / per_row(probe_iters)))
+    return iters, per_row(iters)
+
+
+def many_case(rows: int, workers: int, batches: int, repeat: int, timeout: float) -> dict[str, Any]:
+    iters, row_s = tune_iters(MANY_ROW_S)
+    samples: dict[str, list[float]] = {AUTO: [], "processes": []}
+    choices: list[str] = []
+    errors: dict[str, str] = {}
+    for r in range(repeat):
+        for e in rotated([AUTO, "processes"], r):
+            if e in errors:
+                continue
+            args = ["--many", e, "--rows", str(rows), "--workers", str(workers)]
+            args += ["--batches", str(batches), "--iters", str(iters)]
+            out = child(args, timeout)
+            if "error" in out:
+                errors[e] = out["error"]
+                continue
+            samples[e].append(out["total_s"])
+            if e == AUTO:
+                choices.append(out["choice"])
+    medians = {e: statistics.median(s) for e, s in samples.items() if s}
+    ratio = (
+        medians[AUTO] / medians["processes"] if AUTO in medians and "processes" in medians else None
+    )
+    return {
+        "rows": rows,
+        "batches": batches,
+        "iters": iters,
+        "row_s": row_s,
+        "total": medians,
+        "samples": samples,
+        "choices": choices,
+        "errors": errors,
+        "ratio": ratio,
+        "met": None if ratio is None else ratio <= MANY_TARGET,
+    }
+
+
+# ---------------------------------------------------------------- report
+
+
+def figure_table(
+    results: dict[str, dict[str, Any]], key: str, target: float
+) -> tuple[str, int, int]:
+    header = ["workload", *EXECUTORS, "best fixed", "auto / best", "auto chose", f"<= {target}x"]
+    body, met, counted = [], 0, 0
+    for name, res in results.items():
+        times = res.get(key, {})
+        best, _, ratio, ok = verdict(times, target)
+        cells = []
+        for e in EXECUTORS:
+            if e in times:
+                cells.append(ms(times[e]))
+            else:
+                status = res["status"].get(e, "")
+                cells.append("n/a" if status.startswith("n/a") or not status else "failed")
+        if key == "warm":
+            chose = res.get("warm_choice") or "?"
+        else:
+            picks = res.get("first6_choices") or []
+            chose = ", ".join(sorted(set(picks))) or "?"
+        if ok is not None:
+            counted += 1
+            met += ok
+        body.append(
+            [
+                name,
+                *cells,
+                best or "?",
+                f"{ratio:.2f}x" if ratio is not None else "?",
+                chose,
+                "?" if ok is None else "met" if ok else "MISSED",
+            ]
+        )
+    return table(body, header), met, counted
+
+
+def report(
+    results: dict[str, dict[str, Any]],
+    skipped: dict[str, str],
+    many_res: dict[str, Any] | None,
+    facts: dict[str, Any],
+    args: argparse.Namespace,
+) -> str:
+    lines = [
+        "## auto against the best fixed executor",
+        "",
+        f"{facts['cores']} cores ({facts['cpu']}), torch {facts['torch']} "
+        f"({facts['torch_threads']} intra-op threads), Python {facts['python']}, "
+        f"prep {facts['prep']}, start method {facts['start_method']}; "
+        + ", ".join(f"{k} {v}" for k, v in facts["libraries"].items())
+        + f"; load average at start {facts['load_average']}",
+        f"{args.rows} rows a batch, workers={args.workers}, {args.repeat} interleaved repeats "
+        f"(warm), {args.first_repeat} (first 6 calls); milliseconds, medians",
+        "",
+        "### Workloads",
+        "",
+    ]
+    body = []
+    for name, res in results.items():
+        bad = {e: v for e, v in res["verified"].items() if v != "equal"}
+        body.append(
+            [
+                name,
+                "samples" if res["samples"] else "tensor",
+                ms(res["warm"].get("serial")),
+                "all equal to serial"
+                if not bad
+                else "; ".join(f"{e}: {v}" for e, v in bad.items()),
+                res["about"],
+            ]
+        )
+    lines.append(table(body, ["workload", "batch", "serial ms", "verified", "about"]))
+    if skipped:
+        lines += ["", "Skipped: " + "; ".join(f"{n} ({why})" for n, why in skipped.items())]
+    text, warm_met, warm_n = figure_table(results, "warm", WARM_TARGET)
+    lines += ["", "### Warm: one call of a warmed pool, ms", "", text]
+    first_done = {n: r for n, r in results.items() if r.get("first6")}
+    first_met = first_n = 0
+    if first_done:
+        text, first_met, first_n = figure_table(first_done, "first6", FIRST_TARGET)
+        lines += [
+            "",
+            f"### First {FIRST_CALLS} calls of a fresh Pool, start-up and calibration "
+            f"included, each in a fresh interpreter, ms",
+            "",
+            text,
+        ]
+    notes = []
+    for name, res in results.items():
+        for e, status in res["status"].items():
+            if status != "ok":
+                notes.append(f"- {name} / {e}: {status}")
+        for e, err in res.get("first6_errors", {}).items():
+            notes.append(f"- {name} / {e} (first 6 calls): {err}")
+    if notes:
+        lines += ["", "Not run or failed:", "", *notes]
+    if many_res is not None:
+        m = many_res
+        tot = m["total"]
+        lines += [
+            "",
+            f"### {m['batches']} batches of {m['rows']} rows, GIL-bound pure Python "
+            f"({m['row_s'] * 1e3:.2f} ms a row, python_work iters={m['iters']}), "
+            f"fresh pools in fresh interpreters",
+            "",
+            table(
+                [
+                    [
+                        ms(tot.get("processes")),
+                        ms(tot.get(AUTO)),
+                        f"{m['ratio']:.2f}x" if m["ratio"] is not None else "?",
+                        ", ".join(sorted(set(m["choices"]))) or "?",
+                        "?" if m["met"] is None else "met" if m["met"] else "MISSED",
+                    ]
+                ],
+                [
+                    "processes total ms",
+                    "auto total ms",
+                    "auto / processes",
+                    "auto chose",
+                    f"<= {MANY_TARGET}x",
+                ],
+            ),
+        ]
+        for e, err in m["errors"].items():
+            lines.append(f"- {e}: {err}")
+    lines += ["", "### Targets", ""]
+    rows = [[f"warm, auto within {WARM_TARGET}x of the best", f"{warm_met} of {warm_n}"]]
+    if first_done:
+        rows.append([f"first 6 calls, within {FIRST_TARGET}x", f"{first_met} of {first_n}"])
+    if many_res is not None and many_res["met"] is not None:
+        rows.append(
+            [
+                f"{many_res['batches']} batches, auto within {MANY_TARGET}x of processes",
+                "met" if many_res["met"] else "MISSED",
+            ]
+        )
+    lines.append(table(rows, ["target", "met"]))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=None, help="rows a batch (default 256)")
+    parser.add_argument("--repeat", type=int, default=None, help="interleaved repeats (5)")
+    parser.add_argument(
+        "--first-repeat", type=int, default=None, help="repeats of the first 6 calls (--repeat)"
+    )
+    parser.add_argument("--workers", type=int, default=None, help="default: one per core")
+    parser.add_argument("--workloads", default=None, help="a,b,c (default: prep's and libraries')")
+    parser.add_argument(
+        "--first6-workloads",
+        default=None,
+        help="workloads to time the first 6 calls of (default: all; --quick: noop,text_re)",
+    )
+    parser.add_argument("--warmup", type=int, default=3, help="calls before warm timing")
+    parser.add_argument("--batches", type=int, default=None, help="the many-batch case (16)")
+    parser.add_argument("--no-many", action="store_true", help="skip the 16-batch case")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 1-2 repeats")
+    parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "EXECUTOR"), help=argparse.SUPPRESS)
+    parser.add_argument("--many", metavar="EXECUTOR", help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, default=FIRST_CALLS, help=argparse.SUPPRESS)
+    parser.add_argument("--iters", type=int, default=20_000, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    q = args.quick
+    args.rows = args.rows or (16 if q else 256)
+    args.repeat = args.repeat or (2 if q else 5)
+    args.first_repeat = args.first_repeat or (1 if q else args.repeat)
+    args.workers = args.workers or prep.info()["cores"]
+    args.batches = args.batches or (4 if q else 16)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if args.one:
+        name, executor = args.one
+        try:
+            out = one(name, executor, args.rows, args.workers, args.calls)
+        except Exception as exc:
+            out = {"error": error_text(exc)}
+        print(json.dumps(out), flush=True)
+        return 0
+    if args.many:
+        try:
+            out = many(args.many, args.rows, args.workers, args.batches, args.iters)
+        except Exception as exc:
+            out = {"error": error_text(exc)}
+        print(json.dumps(out), flush=True)
+        return 0
+
+    names = (
+        [n.strip() for n in args.workloads.split(",") if n.strip()]
+        if args.workloads
+        else [*PREP_DEFAULT, *LIBRARY_WORKLOADS]
+    )
+    for n in names:
+        find_workload(n)  # unknown names exit here, before any timing
+    _, skipped = available([n for n in names if n in LIBRARY_WORKLOADS])
+    names = [n for n in names if n not in skipped]
+    if args.first6_workloads:
+        first6 = [n.strip() for n in args.first6_workloads.split(",") if n.strip()]
+    else:
+        first6 = [n for n in ("noop", "text_re") if n in names] if args.quick else names
+
+    facts = machine()
+    print(
+        f"{facts['cores']} cores, torch {facts['torch']}, Python {facts['python']}; "
+        f"{args.rows} rows, workers={args.workers}, repeat={args.repeat}, "
+        f"first-6 repeat={args.first_repeat}",
+        file=sys.stderr,
+        flush=True,
+    )
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        w = find_workload(name)
+        t0 = time.perf_counter()
+        res = warm(w, args.rows, args.workers, args.repeat, args.warmup)
+        res.update(about=w.about, samples=is_samples(w))
+        if name in first6:
+            ran = [e for e in EXECUTORS if res["status"].get(e) == "ok"]
+            res.update(
+                first_calls(name, ran, args.rows, args.workers, args.first_repeat, args.timeout)
+            )
+        results[name] = res
+        print(
+            f"  {name}: serial {ms(res['warm'].get('serial'))} ms warm, auto chose "
+            f"{res.get('warm_choice')} ({time.perf_counter() - t0:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    many_res = None
+    if not args.no_many:
+        many_res = many_case(
+            256 if not args.quick else args.rows,
+            args.workers,
+            args.batches,
+            args.first_repeat,
+            args.timeout,
+        )
+    facts["load_average_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(report(results, skipped, many_res, facts, args))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": facts,
+                    "args": {k: v for k, v in vars(args).items() if k not in ("one", "many")},
+                    "workloads": results,
+                    "skipped": skipped,
+                    "many_batches": many_res,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    prep.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
