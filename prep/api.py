@@ -11,7 +11,6 @@ Data flows one way::
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
 import threading
 import warnings
@@ -20,69 +19,57 @@ from typing import Any
 
 import torch
 
-from ._rowwise import twin_of
+from ._checks import check_device, check_timeout
 from ._structure import Output, Result, Rows, SampleRows, TensorRows, rows_of
-from .auto import Auto, Calibration, Calibrator
+from .auto import AutoExecutor, Calibration, Calibrator
 from .errors import ConfigError
-from .executors import REGISTRY, Executor, Job, executor_class, resolve_workers
+from .executors import REGISTRY, Executor, Job, executor_class, in_worker_process, resolve_workers
 
 AUTO = "auto"
 
 _warm: dict[tuple[str, int], Executor] = {}
-_warm_lock = threading.Lock()
+_warm_lock = threading.RLock()
 _warned_fallback = False
 
-
-def in_worker_process() -> bool:
-    """True inside a DataLoader worker or any daemonic process (which cannot have children)."""
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info() is not None or multiprocessing.current_process().daemon
+__all__ = ["AUTO", "Pool", "explain", "in_worker_process", "map_rows", "map_samples", "shutdown"]
 
 
-def _choose(executor: str, fn: Callable[..., Any], rows: Rows) -> str:
-    """The executor to use for this call (``auto`` and nested-pool fallbacks resolved)."""
+def _choose(executor: str) -> str:
+    """The executor to run here: one that starts processes cannot inside a DataLoader
+    worker (daemonic processes may not have children), so threads run instead."""
     global _warned_fallback
-    name = executor
-    if name == AUTO and len(rows) == 0:  # nothing to measure: the twin if any
-        name = "vectorized" if isinstance(rows, TensorRows) and twin_of(fn) else "serial"
-    if name in ("processes", "joblib") and in_worker_process():
-        if not _warned_fallback:
-            _warned_fallback = True
-            warnings.warn(
-                f"executor={name!r} cannot start a process pool inside a DataLoader "
-                f"worker (daemonic processes may not have children); using "
-                f"'threads' in this worker instead",
-                RuntimeWarning,
-                stacklevel=5,  # the caller of map_rows / Pool.map_rows
-            )
-        name = "threads"
-    return name
+    if not REGISTRY[executor].needs_processes or not in_worker_process():
+        return executor
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn(
+            f"executor={executor!r} cannot start a process pool inside a DataLoader "
+            f"worker (daemonic processes may not have children); using "
+            f"'threads' in this worker instead",
+            RuntimeWarning,
+            stacklevel=5,  # the caller of map_rows / Pool.map_rows
+        )
+    return "threads"
 
 
 def _check_name(executor: str) -> str:
-    if executor != AUTO:
-        executor_class(executor)
+    executor_class(executor)
     return executor
 
 
-def _device(device: Any) -> torch.device | None:
-    if device is None:
-        return None
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ConfigError(
-            f"device={device!r} is not a torch device ({exc}); pass e.g. 'cpu', 'cuda' or 'cuda:1'"
-        ) from None
+_device = check_device  # the name collate.py knows
 
 
-def _warm_executor(name: str, workers: int | None) -> Executor:
-    key = (name, resolve_workers(workers) if REGISTRY[name].per_row else 1)
+def _warm_executor(name: str, workers: int) -> Executor:
+    key = (name, workers if REGISTRY[name].per_row else 1)
     with _warm_lock:
         ex = _warm.get(key)
         if ex is None:
-            ex = _warm[key] = REGISTRY[name](workers)
+            if name == AUTO:  # auto shares the warm pools of map_rows
+                ex = AutoExecutor(workers, executors=lambda n: _warm_executor(n, workers))
+            else:
+                ex = REGISTRY[name](workers)
+            _warm[key] = ex
         return ex
 
 
@@ -91,7 +78,6 @@ def shutdown() -> None:
     with _warm_lock:
         pools = list(_warm.values())
         _warm.clear()
-        _autos.clear()
     for ex in pools:
         ex.close()
 
@@ -104,8 +90,7 @@ def _forget_inherited_pools() -> None:
     # threads and processes it does not have: it must start its own
     global _warm_lock
     _warm.clear()
-    _autos.clear()
-    _warm_lock = threading.Lock()
+    _warm_lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_forget_inherited_pools)
@@ -118,7 +103,7 @@ def _batch_device(rows: Rows) -> torch.device:
 
 
 def _run(
-    ex: Executor | Callable[[Job], Output],
+    ex: Executor,
     fn: Callable[..., Any],
     rows: Rows,
     *,
@@ -126,17 +111,11 @@ def _run(
     device: torch.device | None,
     timeout: float | None,
 ) -> Result:
+    """One batch through ``ex``: rows -> executor -> output -> device."""
     n = len(rows)
     given = Output.given(out, n) if out is not None else None
-    if n == 0:
-        if given is not None:
-            return given.result()
-        if not isinstance(ex, Executor) or ex.per_row:
-            raise ValueError(
-                "the batch has 0 rows, so no row result shows the output's shape; "
-                "pass out= (a preallocated result with 0 rows), or give the "
-                "function a batched twin with @prep.rowwise"
-            )
+    if n == 0 and given is not None:
+        return given.result()
     home = _batch_device(rows)
     bound_for_cuda = device is not None and device.type == "cuda" and home.type == "cpu"
     staging = given
@@ -147,7 +126,13 @@ def _run(
                 f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
             )
     job = Job(fn, rows, staging, timeout, pin=bound_for_cuda)
-    result = ex.run(job) if isinstance(ex, Executor) else ex(job)
+    result = ex.run(job)
+    if result is None:  # 0 rows and no batched twin
+        raise ValueError(
+            "the batch has 0 rows, so no row result shows the output's shape; "
+            "pass out= (a preallocated result with 0 rows), or give the "
+            "function a batched twin with @prep.rowwise"
+        )
     if given is not None:
         if result is not given:
             for dst, src in zip(given.buffers, result.buffers):
@@ -163,50 +148,20 @@ def _run(
     )
 
 
-def _execute(
+def _module_call(
     executor: str,
     fn: Callable[..., Any],
     rows: Rows,
+    workers: int | None,
     *,
-    get: Callable[[str], Executor],
-    auto: Auto,
-    workers: int,
     out: Any,
-    device: torch.device | None,
-    timeout: float | None,
-) -> Result:
-    name = _choose(executor, fn, rows)
-    if name != AUTO:
-        return _run(get(name), fn, rows, out=out, device=device, timeout=timeout)
-    allow = not in_worker_process()
-
-    def calibrated(job: Job) -> Output:
-        return auto.run(job, get, workers, device, allow)[0]
-
-    return _run(calibrated, fn, rows, out=out, device=device, timeout=timeout)
-
-
-_autos: dict[int, Auto] = {}
-
-
-def _module_auto(workers: int) -> Auto:
-    with _warm_lock:
-        return _autos.setdefault(workers, Auto())
-
-
-def _module_call(
-    executor: str, fn: Callable[..., Any], rows: Rows, workers: int | None, **kw: Any
+    device: Any,
+    timeout: Any,
 ) -> Result:
     n_workers = resolve_workers(workers)
-    return _execute(
-        _check_name(executor),
-        fn,
-        rows,
-        get=lambda name: _warm_executor(name, n_workers),
-        auto=_module_auto(n_workers),
-        workers=n_workers,
-        **kw,
-    )
+    dev, limit = check_device(device), check_timeout(timeout)
+    ex = _warm_executor(_choose(_check_name(executor)), n_workers)
+    return _run(ex, fn, rows, out=out, device=dev, timeout=limit)
 
 
 def map_rows(
@@ -243,7 +198,7 @@ def map_rows(
             [5, 4, 3]])
     """
     return _module_call(
-        executor, fn, rows_of(batch), workers, out=out, device=_device(device), timeout=timeout
+        executor, fn, rows_of(batch), workers, out=out, device=device, timeout=timeout
     )
 
 
@@ -264,7 +219,7 @@ def map_samples(
         SampleRows(list(samples)),
         workers,
         out=out,
-        device=_device(device),
+        device=device,
         timeout=timeout,
     )
 
@@ -288,7 +243,7 @@ def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -
     n_workers = resolve_workers(workers)
     job = Job(fn, rows)
     get = lambda name: _warm_executor(name, n_workers)  # noqa: E731
-    return Calibrator(job, get, n_workers, not in_worker_process(), prestart=False).run()
+    return Calibrator(job, get, n_workers, not in_worker_process()).run()
 
 
 class Pool:
@@ -309,10 +264,9 @@ class Pool:
     ) -> None:
         self.executor = _check_name(executor)
         self.workers = resolve_workers(workers)
-        self.device = _device(device)
-        self.timeout = timeout
+        self.device = check_device(device)
+        self.timeout = check_timeout(timeout)
         self._executors: dict[str, Executor] = {}
-        self._auto = Auto()
         self._closed = False
 
     def _get(self, name: str) -> Executor:
@@ -334,21 +288,13 @@ class Pool:
         return self._call(fn, SampleRows(list(samples)), out)
 
     def _call(self, fn: Callable[..., Any], rows: Rows, out: Any) -> Result:
-        return _execute(
-            self.executor,
-            fn,
-            rows,
-            get=self._get,
-            auto=self._auto,
-            workers=self.workers,
-            out=out,
-            device=self.device,
-            timeout=self.timeout,
-        )
+        ex = self._get(_choose(self.executor))
+        return _run(ex, fn, rows, out=out, device=self.device, timeout=self.timeout)
 
     def explain(self) -> str:
         """What ``auto`` measured and chose for each signature this pool has seen."""
-        return "\n\n".join(str(c) for c in self._auto.choices().values()) or "nothing yet"
+        auto = self._executors.get(AUTO)
+        return auto.explain() if isinstance(auto, AutoExecutor) else "nothing yet"
 
     def close(self) -> None:
         """Stop the pool's threads or processes. It is safe to call this several times."""

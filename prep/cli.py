@@ -115,7 +115,7 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--executor",
         default="auto",
-        choices=[*REGISTRY, "auto"],
+        choices=[*REGISTRY],
         help="how rows run inside a shard (default auto: measured on the first shard)",
     )
     p.add_argument("--workers", type=_positive, help="row workers inside a shard")

@@ -11,17 +11,21 @@ For each workload (prep's own from prep.bench.workloads, and every one of
 prep.bench.libraries that can run here) and every executor that applies
 (serial, threads, processes, joblib, vectorized, vmap; auto):
 
-* warm: one prep.Pool per executor, warmed by its first calls (the first one's
-  result checked against serial's with torch.equal), then timed with
-  prep.bench.interleaved. auto's pool is warmed last, when the forkserver is up.
+* warm: one prep.Pool per executor, warmed by its first --warmup calls (the first
+  one's result checked against serial's with torch.equal), then timed with
+  prep.bench.interleaved. The fixed executors' pools are kept from one workload to
+  the next; auto gets a fresh pool per workload, warmed last (the forkserver is up).
 * first 6 calls: a fresh prep.Pool timed over its first 6 calls, start-up and
   calibration included, each measurement in a fresh interpreter
   (``--one WORKLOAD EXECUTOR``, which prints JSON), so every executor pays its own
   start-up, multiprocessing's forkserver included, as in a user's fresh program.
   Repeat r runs every executor once, in an order rotated by r.
-* 16 batches: 256 rows of a ~2 ms GIL-bound pure-Python row function
+* 16 batches (--batches) of 256 rows of a ~2 ms GIL-bound pure-Python row function
   (python_work with iters tuned here), a fresh Pool("auto") against a fresh
   Pool("processes"), each in a fresh interpreter (``--many EXECUTOR``): the total.
+
+--quick: 16 rows a batch, 2 warm repeats, 1 of the first 6 calls and of 4 batches
+of 16 rows, and the first 6 calls of text_re only (--first6-workloads to change).
 
 Targets: auto within 1.15x of the best fixed executor warm, within 1.3x over the
 first 6 calls, and within 1.2x of processes over the 16 batches.
@@ -130,6 +134,11 @@ def ms(seconds: float | None) -> str:
         return "n/a"
     value = seconds * 1e3
     return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:,.0f}"
+
+
+def say(line: str) -> None:
+    """Progress, on stderr (the report goes to stdout)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def machine() -> dict[str, Any]:
@@ -244,17 +253,38 @@ class Guard:
                 self.error = error_text(exc)
 
 
-def warm(w: Workload, rows: int, workers: int, repeat: int, warmup: int) -> dict[str, Any]:
-    """Warm pools, checked against serial's result, timed interleaved."""
+def warm(
+    w: Workload, rows: int, workers: int, repeat: int, warmup: int, shared: dict[str, prep.Pool]
+) -> dict[str, Any]:
+    """Warm pools, checked against serial's result, timed interleaved.
+
+    The fixed executors' pools live in ``shared`` from one workload to the next
+    (they are warm pools, and starting loky's workers anew for every workload
+    would only make the run longer); auto gets a fresh pool for each workload.
+    A pool whose executor fails is closed and dropped from ``shared``.
+    """
     batch = w.batch(rows)
     executors = [e for e in EXECUTORS if not (is_samples(w) and e in BATCHED)]
     res: dict[str, Any] = {"status": {}, "verified": {}, "warm": {}, "warm_samples": {}}
     if is_samples(w):
         for e in BATCHED:
             res["status"][e] = "n/a: a list of samples has no batched form"
-    pools = {e: prep.Pool(e, workers=workers) for e in executors}
+    for e in executors:
+        if e != AUTO and e not in shared:
+            shared[e] = prep.Pool(e, workers=workers)
+    auto_pool = prep.Pool(AUTO, workers=workers)
+    pools = {e: auto_pool if e == AUTO else shared[e] for e in executors}
+
+    def drop(e: str) -> None:
+        pools.pop(e).close()
+        shared.pop(e, None)
+
     try:
-        reference = call_workload(pools["serial"], w, batch)
+        try:
+            reference = call_workload(pools["serial"], w, batch)
+        except Exception as exc:
+            res["status"] = {e: "failed: serial raised " + error_text(exc) for e in executors}
+            return res
         ok: list[str] = []
         for e in executors:  # auto last: the forkserver is up by then, as in a warm program
             try:
@@ -263,7 +293,7 @@ def warm(w: Workload, rows: int, workers: int, repeat: int, warmup: int) -> dict
                     call_workload(pools[e], w, batch)
             except Exception as exc:
                 res["status"][e] = ("n/a: " if e in BATCHED else "failed: ") + error_text(exc)
-                pools.pop(e).close()
+                drop(e)
                 continue
             res["verified"][e] = compare(got, reference)
             res["status"][e] = "ok"
@@ -273,14 +303,15 @@ def warm(w: Workload, rows: int, workers: int, repeat: int, warmup: int) -> dict
         for e, guard in guards.items():
             if guard.error:
                 res["status"][e] = "failed: " + guard.error
+                drop(e)
                 continue
             res["warm"][e] = timings[e].median
             res["warm_samples"][e] = list(timings[e].samples)
-        res["warm_choice"] = last_choice(pools[AUTO]) if AUTO in pools else None
-        res["warm_explain"] = pools[AUTO].explain() if AUTO in pools else None
+        if AUTO in pools:
+            res["warm_choice"] = last_choice(auto_pool)
+            res["warm_explain"] = auto_pool.explain()
     finally:
-        for pool in pools.values():
-            pool.close()
+        auto_pool.close()
     return res
 
 
@@ -546,7 +577,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--first6-workloads",
         default=None,
-        help="workloads to time the first 6 calls of (default: all; --quick: noop,text_re)",
+        help="workloads to time the first 6 calls of (default: all; --quick: text_re)",
     )
     parser.add_argument("--warmup", type=int, default=3, help="calls before warm timing")
     parser.add_argument("--batches", type=int, default=None, help="the many-batch case (16)")
@@ -598,33 +629,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.first6_workloads:
         first6 = [n.strip() for n in args.first6_workloads.split(",") if n.strip()]
     else:
-        first6 = [n for n in ("noop", "text_re") if n in names] if args.quick else names
+        first6 = ([n for n in names if n == "text_re"] or names[:1]) if args.quick else names
 
     facts = machine()
-    print(
+    say(
         f"{facts['cores']} cores, torch {facts['torch']}, Python {facts['python']}; "
         f"{args.rows} rows, workers={args.workers}, repeat={args.repeat}, "
-        f"first-6 repeat={args.first_repeat}",
-        file=sys.stderr,
-        flush=True,
+        f"first-6 repeat={args.first_repeat}"
     )
     results: dict[str, dict[str, Any]] = {}
-    for name in names:
-        w = find_workload(name)
-        t0 = time.perf_counter()
-        res = warm(w, args.rows, args.workers, args.repeat, args.warmup)
-        res.update(about=w.about, samples=is_samples(w))
-        if name in first6:
-            ran = [e for e in EXECUTORS if res["status"].get(e) == "ok"]
-            res.update(
-                first_calls(name, ran, args.rows, args.workers, args.first_repeat, args.timeout)
+    shared: dict[str, prep.Pool] = {}
+    try:  # warm, every workload, with the fixed executors' pools shared between workloads
+        for name in names:
+            w = find_workload(name)
+            t0 = time.perf_counter()
+            res = warm(w, args.rows, args.workers, args.repeat, args.warmup, shared)
+            res.update(about=w.about, samples=is_samples(w))
+            results[name] = res
+            say(
+                f"warm {name}: serial {ms(res['warm'].get('serial'))} ms, auto "
+                f"{ms(res['warm'].get(AUTO))} ms, chose {res.get('warm_choice')} "
+                f"({time.perf_counter() - t0:.1f} s)"
             )
-        results[name] = res
-        print(
-            f"  {name}: serial {ms(res['warm'].get('serial'))} ms warm, auto chose "
-            f"{res.get('warm_choice')} ({time.perf_counter() - t0:.1f} s)",
-            file=sys.stderr,
-            flush=True,
+    finally:
+        for pool in shared.values():
+            pool.close()
+        shared.clear()
+        prep.shutdown()
+    # then the first 6 calls, in fresh interpreters, with no pool of ours idling beside them
+    for name in first6:
+        if name not in results:
+            continue
+        t0 = time.perf_counter()
+        ran = [e for e in EXECUTORS if results[name]["status"].get(e) == "ok"]
+        res = first_calls(name, ran, args.rows, args.workers, args.first_repeat, args.timeout)
+        results[name].update(res)
+        say(
+            f"first 6 {name}: serial {ms(res['first6'].get('serial'))} ms, auto "
+            f"{ms(res['first6'].get(AUTO))} ms ({time.perf_counter() - t0:.1f} s)"
         )
     many_res = None
     if not args.no_many:
@@ -634,6 +676,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.batches,
             args.first_repeat,
             args.timeout,
+        )
+        say(
+            f"{args.batches} batches: processes {ms(many_res['total'].get('processes'))} ms, "
+            f"auto {ms(many_res['total'].get(AUTO))} ms"
         )
     facts["load_average_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(report(results, skipped, many_res, facts, args))

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import inspect
+import json
 import os
 import re
 import signal
@@ -539,9 +539,9 @@ def test_jupyter_kernel_runs_cell_functions_on_processes_joblib_and_auto(tmp_pat
 
     fill = {"executable": sys.executable, "prefix": sys.prefix}
     nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(textwrap.dedent(c).strip().format(**fill)) for c in NOTEBOOK_CELLS
-    ]
+    sources = [textwrap.dedent(c).strip() for c in NOTEBOOK_CELLS]
+    sources[0] = sources[0].format(**fill)  # only the first cell is a template
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
     client = NotebookClient(
         nb,
         timeout=120,

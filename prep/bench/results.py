@@ -63,7 +63,7 @@ QUICK_WORKLOADS = ("python", "tokenize", "side_context_small", "sleep")
 
 def variants() -> tuple[str, ...]:
     """Every name ``executors=`` accepts: the registry, ``auto`` and the two baselines."""
-    return (*REGISTRY, AUTO, LOOP, PLAIN_JOBLIB)
+    return (*(n for n in REGISTRY if n != AUTO), AUTO, LOOP, PLAIN_JOBLIB)
 
 
 def default_workers() -> tuple[int, ...]:
@@ -285,7 +285,10 @@ class Results:
             execs = [
                 c
                 for c in by_name.values()
-                if c.executor in REGISTRY and c.median_s is not None and not c.estimated
+                if c.executor in REGISTRY
+                and c.executor != AUTO
+                and c.median_s is not None
+                and not c.estimated
             ]
             warm, first = by_name.get(AUTO), by_name.get(AUTO_FIRST)
             if not execs or not (warm or first):

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ._base import Executor, Job, available_cores, resolve_workers, threads_per_worker
+from ._base import (
+    Executor,
+    Job,
+    available_cores,
+    in_worker_process,
+    resolve_workers,
+    threads_per_worker,
+)
 from .joblib_loky import JoblibExecutor
 from .processes import ProcessExecutor
 from .serial import SerialExecutor
@@ -22,12 +29,18 @@ REGISTRY: dict[str, type[Executor]] = {
     )
 }
 
+# auto measures the executors above and runs one of them; it imports this package's
+# modules, so it is registered last
+from ..auto import AutoExecutor  # noqa: E402
+
+REGISTRY[AutoExecutor.name] = AutoExecutor
+
 
 def executor_class(name: str) -> type[Executor]:
     try:
         return REGISTRY[name]
     except (KeyError, TypeError):
-        choices = ", ".join(repr(n) for n in [*REGISTRY, "auto"])
+        choices = ", ".join(repr(n) for n in REGISTRY)
         raise ConfigError(f"executor={name!r} is not one of {choices}") from None
 
 
@@ -37,6 +50,7 @@ __all__ = [
     "Job",
     "available_cores",
     "executor_class",
+    "in_worker_process",
     "resolve_workers",
     "threads_per_worker",
 ]

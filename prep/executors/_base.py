@@ -9,6 +9,7 @@ lost a worker rebuilds itself on the next call).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from abc import ABC, abstractmethod
@@ -26,6 +27,13 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def in_worker_process() -> bool:
+    """True inside a DataLoader worker or any daemonic process (which cannot have children)."""
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None or multiprocessing.current_process().daemon
 
 
 def resolve_workers(workers: int | None) -> int:
@@ -127,6 +135,8 @@ class Executor(ABC):
     name: ClassVar[str]
     #: whether it runs the row function once per row (False for ``vectorized``)
     per_row: ClassVar[bool] = True
+    #: whether it starts child processes (not allowed inside a DataLoader worker)
+    needs_processes: ClassVar[bool] = False
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = resolve_workers(workers)

@@ -22,6 +22,7 @@ can have it ready before it needs a pool.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -120,7 +121,8 @@ class StartCosts:
 
 
 _costs = StartCosts()
-_warm_lock = threading.Lock()
+_warm_lock = threading.Lock()  # held while the server starts
+_thread_lock = threading.Lock()  # held only to start the background thread
 _warming: threading.Thread | None = None
 
 
@@ -167,7 +169,7 @@ def warm_up() -> None:
     """Start the server in a background thread (once); :func:`start_costs` tells when
     it is done. The server runs in its own process, so this costs the caller no wait."""
     global _warming
-    with _warm_lock:
+    with _thread_lock:  # not _warm_lock: a caller must never wait for the start itself
         if _warming is not None or (server_running() and _costs.worker is not None):
             return
         _warming = threading.Thread(target=_warm, daemon=True, name="prep-forkserver-start")
@@ -175,18 +177,17 @@ def warm_up() -> None:
 
 
 def _warm() -> None:
-    try:
+    with contextlib.suppress(ExecutorUnavailable):  # recorded in _costs.failed; auto reads it
         ensure_server()
-    except ExecutorUnavailable:
-        pass  # recorded in _costs.failed; auto reads it
 
 
 def _forget_in_child() -> None:
     # a forked child (a DataLoader worker) shares the parent's server socket but must not
     # think it owns the server; it starts its own if it ever needs one
-    global _server, _costs, _warming, _warm_lock
+    global _server, _costs, _warming, _warm_lock, _thread_lock
     _server = _Server()
-    _costs, _warming, _warm_lock = StartCosts(), None, threading.Lock()
+    _costs, _warming = StartCosts(), None
+    _warm_lock, _thread_lock = threading.Lock(), threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

@@ -27,6 +27,7 @@ from ._base import Executor, Job, iter_chunks
 
 class JoblibExecutor(Executor):
     name = "joblib"
+    needs_processes = True
 
     def run(self, job: Job) -> Output:
         n = len(job.rows)

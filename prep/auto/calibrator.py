@@ -30,24 +30,21 @@ vmap try costs those few rows once more):
    with torch on as many intra-op threads as each worker gets: when torch's
    own threads already spread a row over the cores, there is less left to
    divide), plus the warm pool's dispatch cost (measured once per pool, on a
-   no-op), the cost of copying the batch and result through shared memory,
-   and, for a pool not started yet, its start-up (0.2 s with the forkserver
-   running, 2.5 s without).
+   no-op), and the cost of copying the batch and result through shared
+   memory. The prediction is for a started pool; whether and when to start
+   one (its start-up measured here) is :meth:`Calibration.plan_start`'s call.
    Left out inside DataLoader workers, on one core, for functions that cannot
    be pickled, for CUDA batches, and for less than 10 ms of work.
 
-No pool is measured for a batch under 2 ms of serial work. The lowest
-predicted time wins, a pool only when it saves more than 15% (noise); the
-choice is cached for the pool's lifetime and re-measured when the batch size
-changes more than 4x. A process pool that loses only by its start-up is
-started for the next batches (see :meth:`Calibration.count_batch`).
+No pool is measured for a batch under 2 ms of serial work. What the
+calibrator finds is a prediction; :class:`~prep.auto.AutoExecutor` then times
+every batch it runs and lets the measured figures decide.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,20 +52,15 @@ from typing import Any
 
 import torch
 
-from ._calibration import POOL_MARGIN, POOLS, Calibration, choose, signature
-from ._rowwise import twin_of
-from ._structure import Output, TensorRows, flatten
-from .executors import Executor, Job, available_cores
-from .executors._base import BLOCK, threads_per_worker
-from .executors.processes import shm_fits, shm_free
-
-__all__ = ["POOLS", "POOL_MARGIN", "Auto", "Calibration", "Calibrator", "signature"]
+from .._rowwise import twin_of
+from .._structure import Output, TensorRows, flatten
+from ..errors import ConfigError
+from ..executors._base import BLOCK, Executor, Job, available_cores, threads_per_worker
+from ..executors.processes import pickle_fn, shm_fits, shm_free
+from .calibration import Calibration
 
 #: seconds of serial work below which worker processes are not even considered
 MIN_PROCESS_WORK = 0.01
-#: seconds to start a process pool: with the forkserver already up, and without it
-#: (it imports torch first); measured on a 2-core machine, where the second is ~2.3 s
-START_WITH_FORKSERVER, START_COLD = 0.2, 2.5
 #: dispatch cost assumed for a pool not yet started (a warm one is measured)
 COLD_DISPATCH = 0.005
 #: calibration stops adding serial rows once this much time was spent
@@ -95,7 +87,6 @@ class Calibrator:
         workers: int,
         allow_processes: bool,
         prior: Calibration | None = None,
-        prestart: bool = True,
     ) -> None:
         self.job = job
         self.get = get
@@ -103,7 +94,6 @@ class Calibrator:
         self.cal = Calibration(rows=self.n, workers=workers)
         self.allow_processes = allow_processes
         self.prior = prior
-        self.prestart = prestart  # may start a process pool for the next batches
         self.cores = min(workers, available_cores())
         self.cuda = isinstance(job.rows, TensorRows) and any(
             c.device.type == "cuda" for c in job.rows.columns
@@ -350,8 +340,8 @@ class Calibrator:
             reason = "the batch is on a GPU"
         else:
             try:
-                pickle.dumps(job.fn)
-            except Exception:
+                pickle_fn(job.fn)
+            except ConfigError:
                 reason = "the function cannot be pickled"
         if not reason:
             out_bytes = (
@@ -370,12 +360,13 @@ class Calibrator:
             cal.dropped["processes"] = reason
             return
         self._one_thread()
-        if self.get("processes").pids:  # type: ignore[attr-defined]
-            cal.process_dispatch, cal.dispatch_measured = self._process_dispatch(), True
-        else:  # do not start a pool just to measure it: it starts if it is chosen
-            cal.process_start = _process_start_cost()
+        ex = self.get("processes")
+        cal.process_start = ex.start_cost()  # type: ignore[attr-defined]
+        if cal.process_start == 0:  # a warm pool: measure what a batch costs it
+            cal.process_dispatch = ex.dispatch_cost()  # type: ignore[attr-defined]
+            cal.dispatch_measured = True
+        else:  # do not start a pool just to measure it: auto starts it when it pays
             cal.process_dispatch = COLD_DISPATCH
-            cal.cheap_start = cal.process_start == START_WITH_FORKSERVER
 
     def _one_thread(self) -> None:
         """Serial again with torch on one intra-op thread, as each of ``workers`` worker
@@ -403,22 +394,6 @@ class Calibrator:
         cal.one_thread_row = per_row
         cal.serial_cores = min(max(1.0, per_row / cal.serial_row), float(self.cores))
 
-    def _process_dispatch(self) -> float:
-        ex = self.get("processes")
-        cached = getattr(ex, "_auto_dispatch", None)
-        if cached is None:
-            from .api import _run
-            from .executors._worker import identity
-
-            probe = TensorRows((torch.zeros(ex.workers * 2, 1),))
-            cached = math.inf
-            for _ in range(2):  # the first may wait for workers still starting up
-                t = self._now()
-                _run(ex, identity, probe, out=None, device=None, timeout=None)
-                cached = min(cached, self._now() - t)
-            ex._auto_dispatch = cached  # type: ignore[attr-defined]
-        return cached
-
     # ------------------------------------------------------------ prediction
 
     def _finish(self, t0: float) -> Calibration:
@@ -435,11 +410,8 @@ class Calibrator:
             # each worker gets cores // workers threads: the work a serial row spread over
             # serial_cores (>= 1) cores is what the workers share
             work = rows * cal.serial_row * cal.serial_cores / self.cores
-            p["processes"] = cal.process_start + work + cal.process_dispatch + copy
-        cal.choice = choose(p)
-        if self.prestart and cal.cheap_start and cal.processes_would_save(cal.rows) > 0:
-            self.get("processes").prestart()  # type: ignore[attr-defined]
-            cal.prestarted = True
+            p["processes"] = work + cal.process_dispatch + copy
+        cal.choice = cal.best()
         cal.sample = self.job.done
         cal.seconds = self._now() - t0
         return cal
@@ -482,17 +454,6 @@ def _no_vmap_fallback() -> Iterator[None]:
             switch(before)
 
 
-def _process_start_cost() -> float:
-    """Seconds a new ``processes`` pool will take to start here."""
-    from multiprocessing import forkserver
-
-    from .executors.processes import START_METHOD
-
-    server = getattr(forkserver, "_forkserver", None)
-    running = START_METHOD == "forkserver" and getattr(server, "_forkserver_pid", None)
-    return START_WITH_FORKSERVER if running else START_COLD
-
-
 def _run_slice(ex: Executor, job: Job, stop: int) -> None:
     """Run rows ``job.done:stop`` with ``ex`` into ``job.output``."""
     assert job.output is not None  # the serial rows ran first
@@ -502,62 +463,3 @@ def _run_slice(ex: Executor, job: Job, stop: int) -> None:
     sub.started = job.started  # one deadline for the whole batch, calibration included
     ex.run(sub)
     job.done = stop
-
-
-# ---------------------------------------------------------------- the executor
-
-
-class Auto:
-    """Per-signature choices of one pool; ``run`` calibrates or reuses, then runs.
-
-    A signature keeps a few choices, for batch sizes more than 4x apart (a small
-    last batch each epoch does not throw away the full batches' choice), and the
-    function itself, so that its id is not reused while the choice is kept.
-    """
-
-    #: choices kept per signature, for as many batch sizes more than 4x apart
-    SIZES = 4
-    #: signatures kept; past this the oldest is forgotten (a loop that makes a new
-    #: lambda for every batch would otherwise keep them all, and every function)
-    SIGNATURES = 64
-
-    def __init__(self) -> None:
-        self._choices: dict[Any, tuple[Any, list[Calibration]]] = {}
-        self._lock = threading.Lock()
-
-    def run(
-        self,
-        job: Job,
-        get: Callable[[str], Executor],
-        workers: int,
-        device: Any,
-        allow_processes: bool,
-    ) -> tuple[Any, Calibration]:
-        key = signature(job.fn, job.rows, device)
-        n = len(job.rows)
-        with self._lock:
-            _, kept = self._choices.get(key, (None, []))
-            cal = next((c for c in reversed(kept) if c.rows / 4 <= n <= c.rows * 4), None)
-        usable = cal is not None and (allow_processes or cal.choice not in ("processes", "joblib"))
-        if cal is not None and usable and cal.settled:
-            with self._lock:
-                cal.count_batch(n, allow_processes)
-            return get(cal.choice).run(job), cal
-        prior = cal if cal is not None and not cal.settled else None
-        new = Calibrator(job, get, workers, allow_processes, prior).run()
-        new.count_batch(n, allow_processes)
-        with self._lock:
-            _, kept = self._choices.get(key, (None, []))
-            kept = [c for c in kept if c is not cal][-(self.SIZES - 1) :] + [new]
-            self._choices.pop(key, None)  # re-inserted last: the newest
-            self._choices[key] = (job.fn, kept)
-            while len(self._choices) > self.SIGNATURES:
-                del self._choices[next(iter(self._choices))]
-        if job.done >= n:
-            return job.output, new
-        return get(new.choice).run(job), new
-
-    def choices(self) -> dict[Any, Calibration]:
-        """The latest choice of each signature."""
-        with self._lock:
-            return {key: kept[-1] for key, (_, kept) in self._choices.items()}

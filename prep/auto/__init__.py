@@ -1,0 +1,16 @@
+"""``executor="auto"``: measure the row function on the batch, predict, choose, adapt.
+
+* :mod:`.calibrator` measures (on the first batch of a signature, writing every
+  row it runs into the output);
+* :mod:`.calibration` holds the figures and takes every decision from them;
+* :mod:`.executor` is the executor registered as ``"auto"``: it calibrates,
+  starts a process pool when that pays, runs, times each batch and adapts.
+"""
+
+from __future__ import annotations
+
+from .calibration import POOL_MARGIN, POOLS, Calibration, signature
+from .calibrator import Calibrator
+from .executor import AutoExecutor
+
+__all__ = ["POOLS", "POOL_MARGIN", "AutoExecutor", "Calibration", "Calibrator", "signature"]

@@ -1,0 +1,293 @@
+"""What ``auto`` knows about one signature, and every decision it takes from that.
+
+A :class:`Calibration` holds what was measured (by the calibrator, on the
+first batch) and what was observed (every batch auto runs is timed), and
+decides from those numbers alone, so the decisions can be tested with
+numbers a test chooses:
+
+* :meth:`Calibration.best`: the lowest figure (observed if there is one, else
+  predicted); an unobserved pool must be predicted ``POOL_MARGIN`` faster;
+* :meth:`Calibration.next_trial`: an executor predicted within ``TRIAL`` of the
+  choice and never run is run once, on a whole batch, and judged by its time
+  (the calibration's short slices can be wrong, a batch is not);
+* :meth:`Calibration.plan_start`: rent or buy a process pool, with its start-up
+  measured on this machine: start it once the batches so far would have saved
+  what starting it costs (never more than about twice the best in hindsight);
+* :meth:`Calibration.drop`: an executor that cannot run here is taken out, with
+  the reason (``explain`` prints it).
+
+It is also what ``prep.explain`` returns and ``print`` shows; the cache key of
+a choice is :func:`signature`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._structure import Rows, TensorRows
+
+#: threads or processes are chosen over the rest only when predicted this much faster
+#: (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
+POOL_MARGIN = 1.15
+POOLS = ("threads", "processes")
+#: an executor never run whose prediction is within this factor of the choice's figure
+#: is tried on one whole batch
+TRIAL = 1.5
+#: a measured alternative must beat the current choice by this much to replace it
+HYSTERESIS = 1.05
+#: observed batch times kept per executor (their median is the figure)
+KEEP = 8
+#: events kept for ``explain``
+EVENTS = 8
+
+
+@dataclass
+class Calibration:
+    """What ``auto`` measured and observed for one signature, and what it chose."""
+
+    rows: int
+    workers: int
+    serial_row: float = math.nan
+    #: seconds per row serially with torch on one worker's share of intra-op threads,
+    #: and how many cores' worth torch's own threads made serial faster by
+    one_thread_row: float | None = None
+    serial_cores: float = 1.0
+    vectorized_row: float | None = None
+    vmap_row: float | None = None
+    thread_speedup: float | None = None
+    process_dispatch: float | None = None
+    #: seconds starting the process pool costs, measured here (None: not known yet)
+    process_start: float | None = None
+    bytes_per_row: int = 0
+    sample: int = 0
+    #: seconds a whole batch of ``rows`` rows is predicted to take, per executor (the
+    #: process pool's figure is for a started pool: starting it is ``process_start``)
+    predicted: dict[str, float] = field(default_factory=dict)
+    #: seconds whole batches took, per executor, scaled to ``rows`` rows
+    observed: dict[str, list[float]] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    choice: str = "serial"
+    seconds: float = 0.0
+    #: seconds a started process pool would have saved on the batches run so far
+    saved_by_processes: float = 0.0
+    batches: int = 0
+    #: switches, trials, fallbacks and pool starts, in order, for ``explain``
+    events: list[str] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)
+    #: False: a batched form ran the first batch without winning outright; the next
+    #: batch measures the pools against it
+    settled: bool = True
+    #: the process pool is up and its workers have loaded the function
+    processes_ready: bool = False
+    #: the dispatch cost was measured on a running pool (else it is assumed)
+    dispatch_measured: bool = False
+
+    # ------------------------------------------------------------ figures
+
+    def figure(self, name: str) -> float:
+        """Seconds a batch of ``rows`` rows takes with ``name``: observed, else predicted."""
+        seen = self.observed.get(name)
+        return statistics.median(seen) if seen else self.predicted[name]
+
+    def _cost(self, name: str) -> float:
+        # an unobserved pool has to save more than measurement noise to take the cores
+        margin = POOL_MARGIN if name in POOLS and not self.observed.get(name) else 1.0
+        return self.figure(name) * margin
+
+    def candidates(self) -> list[str]:
+        """Executors auto may run now (processes only once started and loaded)."""
+        return [n for n in self.predicted if n != "processes" or self.processes_ready]
+
+    def best(self) -> str:
+        """The candidate with the lowest figure; the current choice stays unless another
+        is clearly better (so noise does not make it flap)."""
+        names = self.candidates()
+        if not names:
+            return "serial"
+        best = min(names, key=self._cost)
+        if self.choice in names and self._cost(self.choice) <= self._cost(best) * HYSTERESIS:
+            return self.choice
+        return best
+
+    # ------------------------------------------------------------ decisions
+
+    def observe(self, name: str, seconds: float, rows: int) -> None:
+        """A batch of ``rows`` rows took ``seconds`` with ``name``; choose again."""
+        seen = self.observed.setdefault(name, [])
+        seen.append(seconds * self.rows / max(1, rows))
+        del seen[:-KEEP]
+        before = self.choice
+        self.choice = self.best()
+        if self.choice != before:
+            self.note(
+                f"batch {self.batches}: {before} -> {self.choice} (measured "
+                f"{self.figure(self.choice) * 1e3:,.1f} ms a batch against "
+                f"{self.figure(before) * 1e3:,.1f} ms)"
+            )
+
+    def next_trial(self) -> str | None:
+        """An executor to run the next batch with, once, to measure it: never run yet,
+        and predicted within ``TRIAL`` of the choice's figure."""
+        if self.choice not in self.predicted:
+            return None
+        limit = TRIAL * self.figure(self.choice)
+        for name in sorted(self.candidates(), key=self.figure):
+            if name == self.choice or name in self.tried or self.observed.get(name):
+                continue
+            if self.figure(name) <= limit:
+                self.tried.add(name)
+                return name
+        return None
+
+    def processes_would_save(self, rows: int) -> float:
+        """Seconds a started process pool would save over the best other executor on
+        ``rows`` rows (counted with ``POOL_MARGIN`` until it has been observed)."""
+        others = [n for n in self.candidates() if n != "processes"]
+        if self.processes_ready or "processes" not in self.predicted or not others:
+            return 0.0
+        best = min(self._cost(n) for n in others)
+        return max(0.0, best - self.predicted["processes"] * POOL_MARGIN) * rows / self.rows
+
+    def plan_start(self, start: float, rows: int) -> bool:
+        """Rent or buy: whether to start the process pool before this batch of ``rows``.
+
+        Each batch run without it adds what it would have saved; the pool starts
+        once that sum reaches what starting it costs (``start``, measured here). A
+        program that stops then has paid at most twice the best in hindsight; one
+        that goes on pays nothing more."""
+        saving = self.processes_would_save(rows)
+        if saving <= 0:
+            return False
+        self.saved_by_processes += saving
+        return self.saved_by_processes >= start
+
+    def started_processes(self, seconds: float) -> None:
+        """The pool started (and loaded the function) in ``seconds``; it may be chosen."""
+        self.processes_ready = True
+        before = self.choice
+        self.choice = self.best()
+        self.note(
+            f"batch {self.batches + 1}: processes started in {seconds * 1e3:,.0f} ms "
+            f"(measured), as the {self.saved_by_processes * 1e3:,.0f} ms they would have "
+            f"saved paid for it" + (f"; {before} -> {self.choice}" if self.choice != before else "")
+        )
+
+    def note(self, event: str) -> None:
+        """Remember what happened, for ``explain`` (the last few events)."""
+        self.events.append(event)
+        del self.events[:-EVENTS]
+
+    def drop(self, name: str, reason: str) -> None:
+        """``name`` cannot run here: take it out of the candidates, saying why."""
+        self.predicted.pop(name, None)
+        self.dropped[name] = reason
+        if name == "processes":
+            self.processes_ready = False
+        if self.choice == name:
+            self.choice = self.best()
+
+    # ------------------------------------------------------------ explain
+
+    def __str__(self) -> str:
+        us = lambda s: f"{s * 1e6:,.1f} us" if s is not None else "-"  # noqa: E731
+        dispatch = ""
+        if self.process_dispatch is not None:
+            dispatch = (
+                f", process dispatch {self.process_dispatch * 1e3:.2f} ms/batch"
+                if self.dispatch_measured
+                else f", process dispatch ~{self.process_dispatch * 1e3:.0f} ms/batch assumed"
+            )
+        start = ""
+        if "processes" in self.predicted and not self.processes_ready:
+            start = (
+                f" (no pool yet: +{self.process_start * 1e3:,.0f} ms to start it, measured)"
+                if self.process_start is not None
+                else " (no pool yet: its start-up is measured once prep's forkserver is up)"
+            )
+        lines = [
+            f"auto: {self.rows} rows, {self.workers} workers; calibrated in "
+            f"{self.seconds * 1e3:.1f} ms, computing {self.sample} of the rows",
+            f"  serial {us(self.serial_row)}/row"
+            + (
+                f" ({us(self.one_thread_row)} on one worker's threads)"
+                if self.one_thread_row
+                else ""
+            )
+            + (f", vectorized {us(self.vectorized_row)}/row" if self.vectorized_row else "")
+            + (f", vmap {us(self.vmap_row)}/row" if self.vmap_row else "")
+            + (f", threads run {self.thread_speedup:.2f}x serial" if self.thread_speedup else "")
+            + dispatch
+            + start,
+            "  predicted for a whole batch: "
+            + ", ".join(
+                f"{k} {v * 1e3:.1f} ms"
+                for k, v in sorted(self.predicted.items(), key=lambda kv: kv[1])
+            ),
+        ]
+        if self.observed:
+            lines.append(
+                "  measured a whole batch (median): "
+                + ", ".join(
+                    f"{k} {self.figure(k) * 1e3:.1f} ms over {len(v)}"
+                    for k, v in sorted(self.observed.items(), key=lambda kv: self.figure(kv[0]))
+                )
+            )
+        lines += [f"  not considered: {k} ({why})" for k, why in self.dropped.items()]
+        lines += [f"  {e}" for e in self.events]
+        saving = self.processes_would_save(self.rows)
+        if saving and self.process_start:
+            lines.append(
+                f"  processes would save {saving * 1e3:,.1f} ms a batch once started: "
+                f"they start after about {math.ceil(self.process_start / saving)} batches "
+                f"({self.saved_by_processes * 1e3:,.1f} ms saved so far)"
+            )
+        lines.append(f"  choice: {self.choice}")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- signature
+
+
+def _value_key(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), str(v.dtype), str(v.device))
+    if isinstance(v, (int, float, str, bool, type(None))):
+        return v
+    return (type(v).__qualname__, id(v))
+
+
+def _fn_key(fn: Callable[..., Any]) -> Any:
+    """Ids stay unique only while their objects live: ``Auto`` keeps ``fn`` (and with
+    it everything this key names) alive for as long as it keeps the choice."""
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    while isinstance(fn, functools.partial):
+        args, kwargs = fn.args + args, {**fn.keywords, **kwargs}
+        fn = fn.func
+    if inspect.ismethod(fn):  # ``obj.method`` is a new object at every access
+        fn, args = fn.__func__, (fn.__self__, *args)
+    return (
+        id(fn),
+        tuple(map(_value_key, args)),
+        tuple(sorted((k, _value_key(v)) for k, v in kwargs.items())),
+    )
+
+
+def signature(fn: Callable[..., Any], rows: Rows, pinned: bool) -> Any:
+    """What a cached choice is valid for (everything but the number of rows)."""
+    if isinstance(rows, TensorRows):
+        layout: Any = (
+            rows.names,
+            tuple((tuple(c.shape[1:]), str(c.dtype), str(c.device)) for c in rows.columns),
+        )
+    else:
+        layout = ("samples", type(rows.samples[0]).__qualname__ if len(rows) else None)
+    return (_fn_key(fn), layout, pinned)

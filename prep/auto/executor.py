@@ -1,0 +1,204 @@
+"""``executor="auto"`` as an executor: calibrate once per signature, then run, time, adapt.
+
+    batch ─▶ signature ─▶ kept Calibration? ──no──▶ Calibrator (first rows, into the output)
+                               │ yes                          │
+                               ▼                              ▼
+                 rent or buy a process pool ◀────────── predictions
+                               │
+                  trial (once) or the choice ─▶ executor.run(job) ─▶ timed ─▶ observe
+                               │
+                  ExecutorUnavailable ─▶ warn once, drop it, next best (rows not yet run)
+
+Every batch auto runs is timed and kept as that executor's figure, so a
+prediction that was wrong (a short calibration slice, a busy machine, a
+library that warms up slowly) is replaced by what the batches take. A process
+pool is started only when it pays (:meth:`Calibration.plan_start`), with its
+start-up measured here; the first time, prep's forkserver is started in the
+background (it imports torch, once per interpreter) while the batches go on.
+Before processes are used for a function, a worker must have loaded it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._rowwise import twin_of
+from .._structure import Output, TensorRows
+from ..errors import ExecutorUnavailable
+from ..executors import _spawn
+from ..executors._base import Executor, Job, in_worker_process
+from .calibration import Calibration, signature
+from .calibrator import Calibrator
+
+__all__ = ["AutoExecutor"]
+
+
+class AutoExecutor(Executor):
+    """Per-signature choices; ``run`` calibrates or reuses, then runs and times.
+
+    A signature keeps a few choices, for batch sizes more than 4x apart (a small
+    last batch each epoch does not throw away the full batches' choice), and the
+    function itself, so that its id is not reused while the choice is kept.
+
+    ``executors`` gives the executor of a name (``map_rows`` shares its warm pools
+    this way); by default auto makes its own and closes them with itself.
+    """
+
+    name = "auto"
+    #: choices kept per signature, for as many batch sizes more than 4x apart
+    SIZES = 4
+    #: signatures kept; past this the oldest is forgotten (a loop that makes a new
+    #: lambda for every batch would otherwise keep them all, and every function)
+    SIGNATURES = 64
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        executors: Callable[[str], Executor] | None = None,
+    ) -> None:
+        super().__init__(workers)
+        self._own: dict[str, Executor] = {}
+        self._get = executors or self._make
+        self._choices: dict[Any, tuple[Any, list[Calibration]]] = {}
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+
+    def _make(self, name: str) -> Executor:
+        from ..executors import REGISTRY
+
+        with self._lock:
+            ex = self._own.get(name)
+            if ex is None:
+                ex = self._own[name] = REGISTRY[name](self.workers)
+            return ex
+
+    def executor(self, name: str) -> Executor:
+        """The executor of that name that auto measures and runs."""
+        return self._get(name)
+
+    def close(self) -> None:
+        with self._lock:
+            own, self._own = self._own, {}
+        for ex in own.values():
+            ex.close()
+
+    # ------------------------------------------------------------ the cache
+
+    def _kept(self, key: Any, n: int) -> Calibration | None:
+        with self._lock:
+            _, kept = self._choices.get(key, (None, []))
+            return next((c for c in reversed(kept) if c.rows / 4 <= n <= c.rows * 4), None)
+
+    def _keep(self, key: Any, fn: Any, new: Calibration, old: Calibration | None) -> None:
+        with self._lock:
+            _, kept = self._choices.get(key, (None, []))
+            kept = [c for c in kept if c is not old][-(self.SIZES - 1) :] + [new]
+            self._choices.pop(key, None)  # re-inserted last: the newest
+            self._choices[key] = (fn, kept)
+            while len(self._choices) > self.SIGNATURES:
+                del self._choices[next(iter(self._choices))]
+
+    def choices(self) -> dict[Any, Calibration]:
+        """The latest choice of each signature."""
+        with self._lock:
+            return {key: kept[-1] for key, (_, kept) in self._choices.items()}
+
+    def explain(self) -> str:
+        """What auto measured and chose for each signature it has seen."""
+        return "\n\n".join(str(c) for c in self.choices().values()) or "nothing yet"
+
+    # ------------------------------------------------------------ one batch
+
+    def run(self, job: Job) -> Output:
+        n = len(job.rows)
+        if n == 0:  # nothing to measure: the twin if there is one
+            twin = isinstance(job.rows, TensorRows) and twin_of(job.fn) is not None
+            return self._get("vectorized" if twin else "serial").run(job)
+        allow = not in_worker_process()
+        key = signature(job.fn, job.rows, job.pin)
+        cal = self._kept(key, n)
+        if cal is not None and not allow and "processes" in cal.predicted:
+            cal = None  # a choice made where processes were allowed: measure again here
+        if cal is None or not cal.settled:
+            prior = cal
+            cal = Calibrator(job, self._get, self.workers, allow, prior).run()
+            self._keep(key, job.fn, cal, prior)
+            if job.done >= n:
+                cal.batches += 1
+                return job.output  # type: ignore[return-value]
+            self._plan_processes(cal, job, allow)
+            return self._run(cal, cal.choice, job, observe=False)
+        self._plan_processes(cal, job, allow)
+        return self._run(cal, cal.next_trial() or cal.choice, job, observe=True)
+
+    def _run(self, cal: Calibration, name: str, job: Job, *, observe: bool) -> Output:
+        """Run the rows left with ``name``, timed; fall back when it cannot run here."""
+        start = job.done
+        t = _now(job)
+        try:
+            out = self._get(name).run(job)
+        except ExecutorUnavailable as exc:
+            if job.done != start:
+                raise  # rows ran already: not a failure before the batch, report it
+            self._fall_back(cal, name, exc)
+            return self._run(cal, cal.choice, job, observe=observe)
+        took = _now(job) - t
+        with self._lock:
+            cal.batches += 1
+            if observe:
+                cal.observe(name, took, len(job.rows) - start)
+        return out
+
+    def _fall_back(self, cal: Calibration, name: str, exc: ExecutorUnavailable) -> None:
+        reason = str(exc).split(";")[0]
+        with self._lock:
+            cal.drop(name, f"it failed here: {reason}")
+            cal.note(f"batch {cal.batches + 1}: {name} failed, so {cal.choice} runs instead")
+            first = name not in self._warned
+            self._warned.add(name)
+        if first:
+            warnings.warn(
+                f"executor='auto' chose {name!r}, which cannot run here ({exc}); using "
+                f"{cal.choice!r} instead (prep.explain / Pool.explain() say why)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _plan_processes(self, cal: Calibration, job: Job, allow: bool) -> None:
+        """Start the process pool before this batch when it pays (rent or buy)."""
+        if not allow or cal.processes_ready or "processes" not in cal.predicted:
+            return
+        ex = self._get("processes")
+        rows = len(job.rows) - job.done
+        start = ex.start_cost()  # type: ignore[attr-defined]
+        if start is None:  # prep's forkserver is not up: measure it, in the background
+            failed = _spawn.start_costs().failed
+            if failed:
+                cal.drop("processes", f"its workers could not start here ({failed})")
+            elif cal.processes_would_save(rows) > 0:
+                _spawn.warm_up()
+            return
+        cal.process_start = start
+        if not cal.plan_start(start, rows):
+            return
+        try:
+            took = ex.load(job.fn, job.remaining())  # type: ignore[attr-defined]
+        except ExecutorUnavailable as exc:
+            with self._lock:
+                cal.drop("processes", f"its workers could not load the function: {exc}")
+            return
+        with self._lock:
+            cal.process_start = took
+            cal.started_processes(took)
+
+
+def _now(job: Job) -> float:
+    if isinstance(job.rows, TensorRows) and any(c.is_cuda for c in job.rows.columns):
+        torch.cuda.synchronize()  # kernels run asynchronously: time the work, not its launch
+    return time.perf_counter()
