@@ -39,8 +39,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
+from ._checks import check_device
 from ._progress import Progress, Summary
 from .api import Pool
 from .errors import ConfigError
@@ -170,15 +169,8 @@ def _check(config: RunConfig, jobs: int | None, on_error: str) -> None:
     if config.format is not None and config.format not in FORMATS.values():
         choices = ", ".join(map(repr, FORMATS.values()))
         raise ConfigError(f"format={config.format!r} is not one of {choices} (or None)")
-    if config.executor != "auto":
-        executor_class(config.executor)  # raises ConfigError naming the choices
-    if config.device is not None:
-        try:
-            torch.device(config.device)
-        except (RuntimeError, TypeError):
-            raise ConfigError(
-                f"device={config.device!r} is not a torch device; pass e.g. cpu, cuda or cuda:1"
-            ) from None
+    executor_class(config.executor)  # raises ConfigError naming the choices
+    check_device(config.device)  # a CUDA device where torch has none fails here, not per shard
     load_fn(config.fn)  # fail before any work when the function cannot be imported
     try:
         json.dumps(config.recipe())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import time
+import warnings
 
 import pytest
 import torch
@@ -507,3 +508,91 @@ def test_a_new_lambda_for_every_batch_does_not_pile_up(monkeypatch):
             got = pool.map_rows(lambda r, k=k: r * k, x)  # a new function each time
             assert torch.equal(got, x * k)
         assert len(pool._get("auto").choices()) == 5  # the newest five; older ones forgotten
+
+
+# ------------------------------------------------------------ fallback and the loading probe
+
+
+def _say_processes_win(pool: prep.Pool, fn, x: torch.Tensor) -> prep.auto.Calibration:
+    """Run a first batch, then make auto's figures say processes (started) win."""
+    pool.map_rows(fn, x)
+    (cal,) = pool._get("auto").choices().values()
+    cal.predicted["processes"] = cal.figure(cal.choice) / 10
+    cal.processes_ready = True
+    cal.observed.pop("processes", None)
+    cal.choice = cal.best()
+    assert cal.choice == "processes", str(cal)
+    return cal
+
+
+def test_an_executor_that_cannot_run_here_makes_auto_fall_back_with_one_warning(monkeypatch):
+    from prep.errors import ExecutorUnavailable
+    from prep.executors.processes import ProcessExecutor
+
+    def no_room(self, job):
+        raise ExecutorUnavailable("executor='processes' needs 9 MiB of shared memory; no room")
+
+    monkeypatch.setattr(ProcessExecutor, "run", no_room)
+    x = torch.arange(64.0).view(64, 1)
+    with prep.Pool("auto", workers=2) as pool:
+        cal = _say_processes_win(pool, waits_2ms, x)
+        with pytest.warns(RuntimeWarning, match=r"chose 'processes', which cannot run here"):
+            assert torch.equal(pool.map_rows(waits_2ms, x), x * 2)
+        assert cal.choice != "processes" and "processes" not in cal.predicted, str(cal)
+        assert "it failed here: executor='processes' needs 9 MiB" in str(cal)
+        cal.predicted["processes"], cal.processes_ready = 1e-6, True  # once more: no warning
+        cal.choice = "processes"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert torch.equal(pool.map_rows(waits_2ms, x), x * 2)
+
+
+def test_a_row_error_is_not_a_reason_to_fall_back():
+    x = torch.arange(64.0).view(64, 1)
+    with prep.Pool("auto", workers=2) as pool:
+        pool.map_rows(rowfns.identity, x + 100)  # calibrated on rows that do not fail
+        with pytest.raises(prep.RowError, match=r"row 5: ValueError: cannot handle 5"):
+            pool.map_rows(rowfns.fail_on_5, x)
+
+
+def test_a_function_workers_cannot_load_drops_processes_before_they_are_used(tmp_path):
+    import importlib
+    import sys
+
+    prep.map_rows(rowfns.affine, torch.ones(2, 1), executor="processes", workers=2)
+    (tmp_path / "gone_later.py").write_text(
+        "import ctypes\n\ndef f(row):\n    ctypes.PyDLL(None).usleep(2000 + 0 * int(row[0]))\n"
+        "    return row + 1\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        fn = importlib.import_module("gone_later").f
+        (tmp_path / "gone_later.py").unlink()  # the workers cannot import it any more
+        x = torch.arange(64.0).view(64, 1)
+        with prep.Pool("auto", workers=2) as pool:
+            pool.map_rows(fn, x)
+            (cal,) = pool._get("auto").choices().values()
+            cal.processes_ready = False
+            cal.predicted["processes"] = cal.figure(cal.choice) / 10  # they would win
+            cal.process_start = 0.0
+            assert torch.equal(pool.map_rows(fn, x), x + 1)  # no error: not the user's fault
+        assert "processes" not in cal.predicted and not cal.processes_ready, str(cal)
+        assert "could not load the function" in cal.dropped["processes"], str(cal)
+        assert "No module named 'gone_later'" in cal.dropped["processes"], str(cal)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("gone_later", None)
+
+
+def test_every_batch_is_timed_and_a_close_runner_up_is_tried_on_a_whole_batch():
+    x = torch.arange(64.0).view(64, 1)
+    with prep.Pool("auto", workers=2) as pool:
+        pool.map_rows(waits_2ms, x)
+        (cal,) = pool._get("auto").choices().values()
+        first = cal.choice
+        other = next(n for n in ("serial", "threads") if n != first and n in cal.predicted)
+        cal.predicted[other] = cal.figure(first) * 1.2  # within TRIAL of the choice
+        for _ in range(3):
+            assert torch.equal(pool.map_rows(waits_2ms, x), x * 2)
+    assert other in cal.observed and first in cal.observed, str(cal)
+    assert cal.batches == 4 and sum(map(len, cal.observed.values())) == 3, str(cal)

@@ -236,6 +236,11 @@ def test_unwritable_outputs(tmp_path, capsys):
         (["--fn", "prep.ops:side_context_row", "--executor", "gpu"], "invalid choice"),
         (["--fn", "prep.ops:side_context_row", "--columns", "x,,y"], "empty column name"),
         (["--fn", "prep.ops:side_context_row", "--device", "gpu"], "is not a torch device"),
+        pytest.param(
+            ["--fn", "prep.ops:side_context_row", "--device", "cuda"],
+            "torch has no CUDA here",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
     ],
 )
 def test_bad_arguments_exit_2(tmp_path, capsys, args, match):

@@ -119,13 +119,17 @@ class Job:
         """Compute and store rows ``start:stop`` in this thread, a block at a time."""
         i = start
         while i < stop and not cancelled():
-            self.check_deadline()
-            if self.output is None:  # the first row fixes the output's shape
+            if self.output is None:
+                self.check_deadline()  # the first row fixes the output's shape
                 self.store(i, self.compute(i))
                 i += 1
                 continue
             end = min(stop, i + BLOCK)
-            self.output.write_block(i, [self.compute(j) for j in range(i, end)])
+            results = []
+            for j in range(i, end):
+                self.check_deadline()  # per row: a slow row cannot hide a block's worth
+                results.append(self.compute(j))
+            self.output.write_block(i, results)
             i = end
 
 
