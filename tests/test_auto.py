@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import time
 import warnings
 
@@ -450,6 +451,31 @@ def test_processes_start_once_their_savings_would_have_paid_for_it():
 def test_a_start_that_pays_within_the_batch_happens_at_once():
     cal = _cal(serial=1.0, processes=0.5)
     assert cal.plan_start(0.02, 100)  # 20 ms to start, 0.42 s saved on this batch
+
+
+def test_the_forkserver_starts_at_once_while_serial_leaves_the_other_cores_idle():
+    cal = _cal(serial=0.100, threads=0.110, processes=0.050)
+    assert cal.plan_server(1.5, 100)  # serial runs on one core: the server costs nothing
+
+
+def test_the_forkserver_is_rented_while_another_executor_keeps_every_core_busy():
+    cal = _cal(serial=0.200, threads=0.100, processes=0.050)
+    assert cal.choice == "threads"
+    saving = cal.processes_would_save(100)  # 100 - 57.5 ms a batch
+    starts = [cal.plan_server(1.5, 100) for _ in range(40)]
+    assert starts.index(True) == math.ceil(1.5 / saving) - 1
+    cal = _cal(serial=0.100, processes=0.050)
+    cal.serial_cores = 2.0  # torch's own threads keep both cores busy under serial
+    assert not cal.plan_server(1.5, 100)
+
+
+def test_the_first_batch_of_a_new_pool_is_not_counted():
+    cal = _cal(serial=0.100, processes=0.040)
+    cal.started_processes(0.02)
+    cal.observe("processes", 0.900, 100)  # its workers were building a tokenizer
+    assert "processes" not in cal.observed and cal.choice == "processes"
+    cal.observe("processes", 0.045, 100)
+    assert cal.figure("processes") == pytest.approx(0.045)
 
 
 def test_processes_that_would_not_save_anything_never_start():

@@ -81,6 +81,8 @@ class Calibration:
     #: switches, trials, fallbacks and pool starts, in order, for ``explain``
     events: list[str] = field(default_factory=list)
     tried: set[str] = field(default_factory=set)
+    #: pools just started, whose next batch is not counted (their workers warm up)
+    warming: set[str] = field(default_factory=set)
     #: False: a batched form ran the first batch without winning outright; the next
     #: batch measures the pools against it
     settled: bool = True
@@ -119,7 +121,12 @@ class Calibration:
     # ------------------------------------------------------------ decisions
 
     def observe(self, name: str, seconds: float, rows: int) -> None:
-        """A batch of ``rows`` rows took ``seconds`` with ``name``; choose again."""
+        """A batch of ``rows`` rows took ``seconds`` with ``name``; choose again. The first
+        batch of a pool just started is not counted: its workers were still importing
+        and building what the function caches (a tokenizer, a model)."""
+        if name in self.warming:
+            self.warming.discard(name)
+            return
         seen = self.observed.setdefault(name, [])
         seen.append(seconds * self.rows / max(1, rows))
         del seen[:-KEEP]
@@ -155,6 +162,22 @@ class Calibration:
         best = min(self._cost(n) for n in others)
         return max(0.0, best - self.predicted["processes"] * POOL_MARGIN) * rows / self.rows
 
+    def plan_server(self, cost: float, rows: int) -> bool:
+        """Whether to start prep's forkserver (in the background) before this batch.
+
+        It runs in a process of its own. While the best executor is serial on one
+        core, the other cores are idle and it costs nothing: it starts at once. While
+        another executor keeps every core busy, it takes about ``cost`` seconds of
+        their time, so it starts by the rent-or-buy rule of :meth:`plan_start`."""
+        saving = self.processes_would_save(rows)
+        if saving <= 0:
+            return False
+        others = [n for n in self.candidates() if n != "processes"]
+        if min(others, key=self._cost) == "serial" and self.serial_cores < 1.5:
+            return True
+        self.saved_by_processes += saving
+        return self.saved_by_processes >= cost
+
     def plan_start(self, start: float, rows: int) -> bool:
         """Rent or buy: whether to start the process pool before this batch of ``rows``.
 
@@ -171,6 +194,7 @@ class Calibration:
     def started_processes(self, seconds: float) -> None:
         """The pool started (and loaded the function) in ``seconds``; it may be chosen."""
         self.processes_ready = True
+        self.warming.add("processes")
         before = self.choice
         self.choice = self.best()
         self.note(

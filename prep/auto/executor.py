@@ -38,6 +38,11 @@ from .calibrator import Calibrator
 
 __all__ = ["AutoExecutor"]
 
+#: seconds of CPU prep's forkserver is taken to cost (it imports torch) before it has
+#: started once in this interpreter and been measured: 0.7-2.5 s on 2-core machines here.
+#: It only decides when to start it while another executor keeps every core busy.
+SERVER_PRIOR = 1.5
+
 
 class AutoExecutor(Executor):
     """Per-signature choices; ``run`` calibrates or reuses, then runs and times.
@@ -153,6 +158,8 @@ class AutoExecutor(Executor):
             cal.batches += 1
             if observe:
                 cal.observe(name, took, len(job.rows) - start)
+            else:  # the rest of a calibrated batch: not a whole batch, but it warmed the pool
+                cal.warming.discard(name)
         return out
 
     def _fall_back(self, cal: Calibration, name: str, exc: ExecutorUnavailable) -> None:
@@ -177,12 +184,16 @@ class AutoExecutor(Executor):
         ex = self._get("processes")
         rows = len(job.rows) - job.done
         start = ex.start_cost()  # type: ignore[attr-defined]
-        if start is None:  # prep's forkserver is not up: measure it, in the background
-            failed = _spawn.start_costs().failed
-            if failed:
-                cal.drop("processes", f"its workers could not start here ({failed})")
-            elif cal.processes_would_save(rows) > 0:
-                _spawn.warm_up()
+        if start is None:  # prep's forkserver is not up: start it, in the background
+            costs = _spawn.start_costs()
+            if costs.failed:
+                cal.drop("processes", f"its workers could not start here ({costs.failed})")
+            elif cal.plan_server(costs.server or SERVER_PRIOR, rows) and _spawn.warm_up():
+                cal.note(
+                    f"batch {cal.batches + 1}: prep's forkserver starting in the background "
+                    f"(processes would save {cal.processes_would_save(cal.rows) * 1e3:,.1f} ms "
+                    f"a batch); processes are weighed once it is up"
+                )
             return
         cal.process_start = start
         if not cal.plan_start(start, rows):

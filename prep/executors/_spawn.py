@@ -165,15 +165,17 @@ def ensure_server() -> None:
         _costs.worker = worker
 
 
-def warm_up() -> None:
+def warm_up() -> bool:
     """Start the server in a background thread (once); :func:`start_costs` tells when
-    it is done. The server runs in its own process, so this costs the caller no wait."""
+    it is done. The server runs in its own process, so this costs the caller no wait.
+    True if this call started it."""
     global _warming
     with _thread_lock:  # not _warm_lock: a caller must never wait for the start itself
         if _warming is not None or (server_running() and _costs.worker is not None):
-            return
+            return False
         _warming = threading.Thread(target=_warm, daemon=True, name="prep-forkserver-start")
         _warming.start()
+        return True
 
 
 def _warm() -> None:
