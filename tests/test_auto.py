@@ -423,8 +423,8 @@ def test_noise_does_not_make_the_choice_flap():
 def test_a_close_runner_up_is_tried_once_and_kept_if_it_wins():
     cal = _cal(serial=0.100, threads=0.140, vmap=0.500)
     assert cal.choice == "serial"
-    cal.batches = 1
-    cal.observe("serial", 0.100, 100)  # the first batch, as it ran
+    assert cal.next_trial() is None  # the choice runs a whole batch first
+    cal.observe("serial", 0.100, 100)
     assert cal.next_trial() == "threads"  # within TRIAL (1.5x); vmap is not
     cal.observe("threads", 0.070, 100)  # a whole batch says threads win after all
     assert cal.choice == "threads"
@@ -454,8 +454,10 @@ def test_a_start_that_pays_within_the_batch_happens_at_once():
 
 
 def test_the_forkserver_starts_at_once_while_serial_leaves_the_other_cores_idle():
-    cal = _cal(serial=0.100, threads=0.110, processes=0.050)
+    cal = _cal(serial=0.100, threads=0.200, processes=0.050)
     assert cal.plan_server(1.5, 100)  # serial runs on one core: the server costs nothing
+    cal = _cal(serial=0.100, threads=0.110, processes=0.050)
+    assert not cal.plan_server(1.5, 100)  # threads are close: they may take both cores
 
 
 def test_the_forkserver_is_rented_while_another_executor_keeps_every_core_busy():
@@ -618,7 +620,8 @@ def test_every_batch_is_timed_and_a_close_runner_up_is_tried_on_a_whole_batch():
         first = cal.choice
         other = next(n for n in ("serial", "threads") if n != first and n in cal.predicted)
         cal.predicted[other] = cal.figure(first) * 1.2  # within TRIAL of the choice
-        for _ in range(3):
+        for _ in range(3):  # the choice (timed), then the runner-up once, then the choice
             assert torch.equal(pool.map_rows(waits_2ms, x), x * 2)
     assert other in cal.observed and first in cal.observed, str(cal)
     assert cal.batches == 4 and sum(map(len, cal.observed.values())) == 3, str(cal)
+    assert len(cal.observed[other]) == 1, str(cal)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import prep
+from prep.executors import available_cores
 from tests import rowfns
 from tests.conftest import pool_children, wait_until
 
@@ -290,3 +291,19 @@ def test_a_forked_child_starts_its_own_pools():
 def test_explain_refuses_an_empty_batch():
     with pytest.raises(ValueError, match="0 rows"):
         prep.explain(rowfns.affine, torch.empty(0, 3))
+
+
+def test_threads_never_change_the_callers_torch_threads_nor_new_threads_default():
+    def new_thread_sees() -> int:
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        return seen[0]
+
+    before, default = torch.get_num_threads(), new_thread_sees()
+    with prep.Pool("threads", workers=4) as pool:
+        got = pool.map_rows(rowfns.thread_settings, torch.zeros(8, 1))
+        assert set(got[:, 0].tolist()) == {max(1, available_cores() // 4)}  # each worker's own
+        assert torch.get_num_threads() == before
+        assert new_thread_sees() == default

@@ -222,7 +222,7 @@ def test_processes_inside_a_dataloader_worker_fall_back_to_threads(no_leaks):
     assert [int(b[1]) for b in batches] == [1, 0]  # warned once in that worker, then quiet
 
 
-def test_threads_cap_intra_op_threads_during_a_batch_only():
+def test_threads_run_torch_on_their_share_of_the_cores_and_leave_the_callers_alone():
     before = torch.get_num_threads()
     got = prep.map_rows(rowfns.thread_settings, torch.ones(6, 1), executor="threads", workers=2)
     assert got[:, 0].tolist() == [min(before, prep.info(workers=2)["threads_per_worker"])] * 6

@@ -142,8 +142,8 @@ class Calibration:
     def next_trial(self) -> str | None:
         """An executor to run the next batch with, once, to measure it: never run yet,
         and predicted within ``TRIAL`` of the choice's figure."""
-        if self.choice not in self.predicted:
-            return None
+        if self.choice not in self.predicted or not self.observed.get(self.choice):
+            return None  # the choice runs a whole batch first: trials are judged against it
         limit = TRIAL * self.figure(self.choice)
         for name in sorted(self.candidates(), key=self.figure):
             if name == self.choice or name in self.tried or self.observed.get(name):
@@ -172,8 +172,11 @@ class Calibration:
         saving = self.processes_would_save(rows)
         if saving <= 0:
             return False
-        others = [n for n in self.candidates() if n != "processes"]
-        if min(others, key=self._cost) == "serial" and self.serial_cores < 1.5:
+        others = sorted((n for n in self.candidates() if n != "processes"), key=self._cost)
+        # free only while serial, on one core, stays the choice: not when threads (which
+        # would want every core) are close enough to be tried
+        close = [n for n in others[1:] if self._cost(n) <= TRIAL * self._cost(others[0])]
+        if others[0] == "serial" and self.serial_cores < 1.5 and "threads" not in close:
             return True
         self.saved_by_processes += saving
         return self.saved_by_processes >= cost

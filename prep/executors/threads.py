@@ -2,8 +2,13 @@
 
 Threads pay off when the row function releases the GIL (most torch ops on
 tensors of a few thousand elements or more); a pure-Python row function runs
-no faster than ``serial``. While a batch runs, torch's intra-op threads are
-capped at ``cores // workers`` (and restored after), as in worker processes.
+no faster than ``serial``. Each worker thread runs torch on ``cores // workers``
+intra-op threads, as worker processes do, set once in that thread: torch's
+OpenMP setting is per thread, so the caller's own setting is never touched.
+(Capping it in the calling thread around each batch, as prep once did, left
+the workers' OpenMP teams alive next to the caller's; libgomp then throttles
+every team's spinning once it manages more threads than cores, and small torch
+ops in the caller's thread ran up to 4x slower for as long as the pool lived.)
 A row that hangs cannot be killed from outside its thread: on ``timeout`` the
 batch raises :class:`~prep.BatchTimeout`, the stuck thread is abandoned (it is
 a daemon, so it does not block interpreter exit) and fresh threads serve the
@@ -41,7 +46,7 @@ class ThreadExecutor(Executor):
             while len(self._threads) < self.workers:
                 t = threading.Thread(
                     target=_serve,
-                    args=(self._tasks,),
+                    args=(self._tasks, threads_per_worker(self.workers)),
                     daemon=True,
                     name=f"prep-thread-{len(self._threads)}",
                 )
@@ -49,31 +54,21 @@ class ThreadExecutor(Executor):
                 self._threads.append(t)
 
     def run(self, job: Job) -> Output:
-        with self._run_lock:  # one batch at a time (and one save/restore of torch's threads)
-            return self._run_capped(job)
-
-    def _run_capped(self, job: Job) -> Output:
-        # workers x intra-op threads <= cores, as in worker processes: two threads that
-        # each fan a matmul out to every core only fight over them
-        intra = torch.get_num_threads()
-        torch.set_num_threads(min(intra, threads_per_worker(self.workers)))
-        try:
+        with self._run_lock:  # one batch at a time
             return self._run(job)
-        finally:
-            torch.set_num_threads(intra)
 
     def _run(self, job: Job) -> Output:
         n = len(job.rows)
         if n == 0:
             return job.output  # type: ignore[return-value]
         first = job.done
-        if job.output is None:  # the first row fixes the output's shape
-            job.store(0, job.compute(0))
-            first = 1
+        self._ensure_started()
+        if job.output is None:  # one worker runs the first row: its result fixes the output
+            self._run_chunks(job, [(first, first + 1)])
+            first += 1
         chunks = list(iter_chunks(n, self.workers, first=first))
         if not chunks:
             return job.output  # type: ignore[return-value]
-        self._ensure_started()
         return self._run_chunks(job, chunks)
 
     def _run_chunks(self, job: Job, chunks: list[tuple[int, int]]) -> Output:
@@ -133,6 +128,23 @@ class ThreadExecutor(Executor):
             t.join(timeout=5)
 
 
-def _serve(tasks: queue.SimpleQueue[Task | None]) -> None:
+def _serve(tasks: queue.SimpleQueue[Task | None], intra: int) -> None:
+    _own_intra_op_threads(intra)
     while (task := tasks.get()) is not None:
         task()
+
+
+def _own_intra_op_threads(intra: int) -> None:
+    """Give this thread ``intra`` intra-op threads without changing anyone else's.
+
+    ``torch.set_num_threads`` sets the calling thread's OpenMP threads (per thread)
+    and also a process-wide default that threads which have not run a parallel op
+    yet pick up on their first. So the default is put back from a short-lived
+    thread, whose own setting dies with it."""
+    default = torch.get_num_threads()  # this new thread's: the process-wide default
+    if intra >= default:
+        return
+    torch.set_num_threads(intra)
+    restore = threading.Thread(target=torch.set_num_threads, args=(default,), daemon=True)
+    restore.start()
+    restore.join()
