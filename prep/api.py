@@ -296,6 +296,12 @@ class Pool:
         auto = self._executors.get(AUTO)
         return auto.explain() if isinstance(auto, AutoExecutor) else "nothing yet"
 
+    def choices(self) -> list[Calibration]:
+        """``auto``'s latest :class:`~prep.auto.Calibration` for each signature this pool
+        has seen (its ``.choice`` is the executor it runs); empty for other executors."""
+        auto = self._executors.get(AUTO)
+        return list(auto.choices().values()) if isinstance(auto, AutoExecutor) else []
+
     def close(self) -> None:
         """Stop the pool's threads or processes. It is safe to call this several times."""
         self._closed = True

@@ -172,11 +172,11 @@ class Calibration:
         saving = self.processes_would_save(rows)
         if saving <= 0:
             return False
-        others = sorted((n for n in self.candidates() if n != "processes"), key=self._cost)
-        # free only while serial, on one core, stays the choice: not when threads (which
-        # would want every core) are close enough to be tried
-        close = [n for n in others[1:] if self._cost(n) <= TRIAL * self._cost(others[0])]
-        if others[0] == "serial" and self.serial_cores < 1.5 and "threads" not in close:
+        others = [n for n in self.candidates() if n != "processes"]
+        # free while serial runs on one core and nothing else would use more: threads
+        # that beat serial (they release the GIL: torch.stft, PIL) would want every core
+        one_core = self.serial_cores < 1.5 and (self.thread_speedup or 1.0) < 1.2
+        if min(others, key=self._cost) == "serial" and one_core:
             return True
         self.saved_by_processes += saving
         return self.saved_by_processes >= cost
