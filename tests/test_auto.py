@@ -172,6 +172,7 @@ def test_a_twin_that_wins_outright_runs_the_batch_in_one_call():
     assert calls["twin"] == 1 and 1 <= calls["row"] <= 4
 
 
+@pytest.mark.skipif(not TWO_CORES, reason="on one core no pool can beat a twin as fast as serial")
 def test_a_twin_that_does_not_win_outright_has_the_pools_measured_next_batch():
     def slow_twin(x: torch.Tensor) -> torch.Tensor:
         time.sleep(0.002 * len(x))  # no faster than the rows, and it releases the GIL
@@ -625,5 +626,5 @@ def test_every_batch_is_timed_and_a_close_runner_up_is_tried_on_a_whole_batch():
         for _ in range(3):  # the choice (timed), then the runner-up once, then the choice
             assert torch.equal(pool.map_rows(waits_2ms, x), x * 2)
     assert other in cal.observed and first in cal.observed, str(cal)
+    # (whether the runner-up then keeps the next batch depends on its time: not checked)
     assert cal.batches == 4 and sum(map(len, cal.observed.values())) == 3, str(cal)
-    assert len(cal.observed[other]) == 1, str(cal)
