@@ -20,8 +20,9 @@ from torch.utils.data import DataLoader, Dataset
 
 import prep
 from prep.bench import interleaved, table
+from prep.bench.baselines import side_context_loop
 from prep.bench.workloads import python_work, side_context_batch
-from prep.ops import side_context, side_context_loop, side_context_row
+from prep.ops import side_context, side_context_row
 
 
 def compare_executors() -> None:

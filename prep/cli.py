@@ -20,14 +20,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ._progress import Progress
-from ._system import info
+from . import info
 from .api import shutdown
 from .bench import command as bench_command
-from .errors import PrepError
+from .errors import PrepError, Terminated, UsageError
 from .executors import REGISTRY
-from .jobs import RunConfig, Terminated, run_shards, sigterm_raises
-from .shards import make_shards
+from .run import Progress, RunConfig, explain_first_shard, make_shards, run_shards, sigterm_raises
 
 __all__ = ["COMMANDS", "Command", "main", "parse_value"]
 
@@ -95,6 +93,7 @@ def _columns(text: str) -> tuple[str, ...]:
 
 
 def _configure_run(p: argparse.ArgumentParser) -> None:
+    """What ``prep run`` reads, computes and writes."""
     p.add_argument("inputs", nargs="+", metavar="INPUT", help=".pt/.safetensors files or folders")
     p.add_argument("--out", required=True, type=Path, help="output folder (and its manifest)")
     p.add_argument("--fn", required=True, help="the row function, MODULE:FUNCTION")
@@ -113,6 +112,20 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
         "(default: all of them, by name)",
     )
     p.add_argument(
+        "--format", choices=["pt", "safetensors"], help="output format (default: the input's)"
+    )
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="load .pt files with weights_only=False, which runs any code their pickle holds; "
+        "only for files you trust",
+    )
+    _configure_run_how(p)
+
+
+def _configure_run_how(p: argparse.ArgumentParser) -> None:
+    """How ``prep run`` works: executor, slots, device, resume, errors, cluster, output."""
+    p.add_argument(
         "--executor",
         default="auto",
         choices=[*REGISTRY],
@@ -129,9 +142,6 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
         help="where the function runs, e.g. cuda: each shard's tensors are moved there "
         "(outputs are saved from the CPU)",
     )
-    p.add_argument(
-        "--format", choices=["pt", "safetensors"], help="output format (default: the input's)"
-    )
     p.add_argument("--resume", action="store_true", help="skip the shards the manifest proves done")
     p.add_argument(
         "--on-error",
@@ -146,12 +156,6 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
         help="send shards to the Dask scheduler at tcp://HOST:PORT, or 'local' to start a "
         "LocalCluster here (needs prep[dask]; workers must see the same files)",
     )
-    p.add_argument(
-        "--trust-pickle",
-        action="store_true",
-        help="load .pt files with weights_only=False, which runs any code their pickle holds; "
-        "only for files you trust",
-    )
     p.add_argument("--quiet", action="store_true", help="no progress or summary")
     p.add_argument(
         "--explain",
@@ -161,34 +165,14 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _explain(ns: argparse.Namespace) -> int:
-    from .api import explain
-    from .shards import find_shards, load_shard
-    from .task import _batch, _bound
-
-    shards = find_shards(ns.inputs)
-    if not shards:
-        raise _Usage(f"no .pt or .safetensors shards in {', '.join(map(str, ns.inputs))}")
-    first = shards[0].path
-    batch, _ = _batch(load_shard(first, trust_pickle=ns.trust_pickle), ns.columns, first)
-    print(f"{first}:")
-    print(explain(_bound(ns.fn, dict(ns.arg)), batch, workers=ns.workers))
-    return 0
-
-
 def _run(ns: argparse.Namespace) -> int:
     keys = [k for k, _ in ns.arg]
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
-        raise _Usage(f"--arg {', '.join(dupes)} given more than once")
+        raise UsageError(f"--arg {', '.join(dupes)} given more than once")
     # `python -m prep` can import --fn modules from the current folder; the `prep` script too
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    if ns.explain:
-        try:
-            return _explain(ns)
-        finally:
-            shutdown()
     config = RunConfig(
         fn=ns.fn,
         args=dict(ns.arg),
@@ -199,6 +183,14 @@ def _run(ns: argparse.Namespace) -> int:
         format=ns.format,
         trust_pickle=ns.trust_pickle,
     )
+    if ns.explain:
+        try:
+            first, calibration = explain_first_shard(ns.inputs, config)
+        finally:
+            shutdown()
+        print(f"{first}:")
+        print(calibration)
+        return 0
     try:
         with sigterm_raises():
             summary = run_shards(
@@ -275,10 +267,6 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-class _Usage(Exception):
-    """Bad arguments found after parsing: reported like argparse's own errors."""
-
-
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="prep", description="Preprocess tensors with a per-row function, fast and safely."
@@ -299,11 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"prep {ns.command}"
     try:
         return COMMANDS[ns.command].handle(ns)
-    except _Usage as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
     except PrepError as exc:
-        code = 2 if isinstance(exc, ValueError) else 1  # ConfigError is a ValueError
+        # ConfigError (UsageError among them) is a ValueError: bad arguments, like argparse's
+        code = 2 if isinstance(exc, ValueError) else 1
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return code
     except OSError as exc:  # e.g. the disk under --out filled up while the manifest was written

@@ -4,15 +4,20 @@
     ├── ConfigError      a setting that cannot work (bad executor name, workers < 1,
     │   │                CUDA asked for where torch has none, CUDA tensors sent to
     │   │                processes, ...)
-    │   └── ExecutorUnavailable   the executor cannot run this job here: its workers
-    │       │                     cannot start, or /dev/shm has no room
-    │       └── FunctionLoadError a worker could not load the row function
+    │   ├── ExecutorUnavailable   the executor cannot run this job here: its workers
+    │   │   │                     cannot start, or /dev/shm has no room
+    │   │   └── FunctionLoadError a worker could not load the row function
+    │   └── UsageError   command-line arguments that cannot work together (exit 2)
     ├── RowError         the row function raised; ``.row`` is the row's index and
     │                    ``__cause__`` carries the original exception or traceback
     ├── StackError       two rows returned results of different shape or dtype
     ├── WorkerCrashed    a worker process died (signal, OOM killer, segfault)
     ├── BatchTimeout     the batch did not finish within ``timeout`` seconds
-    └── ShardError       a saved shard could not be read or is not what was expected
+    ├── ShardError       a saved shard could not be read or is not what was expected
+    └── Cancelled        ``prep run`` was abandoned while this shard was in flight
+
+    Terminated (a KeyboardInterrupt, not a PrepError: it must pass ``except
+    Exception``): SIGTERM, raised in the main thread the way Ctrl-C is
 
 Bad arguments that are not about configuration (a wrong shape, a wrong type)
 raise the built-in ``ValueError`` / ``TypeError``, as torch does.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 __all__ = [
     "BatchTimeout",
+    "Cancelled",
     "ConfigError",
     "ExecutorUnavailable",
     "FunctionLoadError",
@@ -30,6 +36,8 @@ __all__ = [
     "RowError",
     "ShardError",
     "StackError",
+    "Terminated",
+    "UsageError",
     "WorkerCrashed",
 ]
 
@@ -125,3 +133,24 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f'\n"""\n{self.tb}"""'
+
+
+# ---- the shard pipeline (prep run)
+
+
+class UsageError(ConfigError):
+    """Command-line arguments that parse but cannot work together (``--arg k=1 --arg k=2``).
+
+    ``prep``'s command line reports it like argparse's own errors, with exit code 2.
+    """
+
+
+class Cancelled(PrepError):
+    """The run was abandoned (Ctrl-C, SIGTERM) while this shard was in flight."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread the way Ctrl-C raises ``KeyboardInterrupt``.
+
+    Not a :class:`PrepError`: like Ctrl-C it must pass ``except Exception``.
+    """

@@ -1,6 +1,6 @@
 """Benchmark ``prep run`` against ``cp -r`` of the same shards.
 
-Writes a synthetic data set (``prep.shards.make_shards``: ``x`` float32
+Writes a synthetic data set (``prep.run.make_shards``: ``x`` float32
 ``[rows, 128, 64]``, a span ``mask`` and ``length``) into a temporary folder
 under /tmp, then times, in one process of this script and interleaved (the
 order rotates every repeat, so drift in the machine's state hits all alike):
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from prep.shards import make_shards
+from prep.run import make_shards
 
 SEQ, DIM, MAX_LEN = 128, 64, 16
 ROW_BYTES = SEQ * DIM * 4 + SEQ + 8  # x (float32) + mask (bool) + length (int64)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         # the default executor: auto calibrates on the first shard, then reuses its choice
         variants["prep run (defaults: --executor auto --jobs 2)"] = prep_run()
-        startup = [timed([sys.executable, "-c", "import prep.cli, prep.ops, prep.jobs"])]
+        startup = [timed([sys.executable, "-c", "import prep.cli, prep.ops, prep.run"])]
         times: dict[str, list[float]] = {name: [] for name in variants}
         names = list(variants)
         for r in range(args.repeat):
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 dest = root / "dest"
                 times[name].append(timed(variants[name](dest)))
                 shutil.rmtree(dest)
-            startup.append(timed([sys.executable, "-c", "import prep.cli, prep.ops, prep.jobs"]))
+            startup.append(timed([sys.executable, "-c", "import prep.cli, prep.ops, prep.run"]))
         report(args, rows, size, times, statistics.median(startup))
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -122,7 +122,7 @@ def report(
         rest = f"| {m - startup:.2f} | {(m - startup) / cp:.2f} |" if name != "cp -r" else "| | |"
         print(f"| `{name}` | {m:.2f} | {size / 1e6 / m:,.0f} | {m / cp:.2f} {rest}")
     print(
-        f"\n`python -c 'import prep.cli, prep.ops, prep.jobs'` alone (interpreter + torch): "
+        f"\n`python -c 'import prep.cli, prep.ops, prep.run'` alone (interpreter + torch): "
         f"median {startup:.2f} s, part of every prep run above; 'minus import' subtracts it. "
         f"Target: prep run / cp -r <= 2."
     )

@@ -21,7 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import prep
-from prep.ops import side_context, side_context_loop, side_context_row
+from prep.bench.baselines import side_context_loop
+from prep.ops import side_context, side_context_row
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from prep.bench import Grid, Results, Workload, run
+from prep.bench.baselines import loop_stack
 from prep.bench.command import add_parser
 from prep.bench.harness import _naive_plan
 from prep.bench.report import write
-from prep.bench.workloads import loop_stack, noop, user_workload
+from prep.bench.workloads import noop, user_workload
 from prep.errors import ConfigError
 from prep.executors import REGISTRY
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import prep
-from prep import shards as S
-from prep._progress import Progress
 from prep.cli import COMMANDS, main, parse_value
-from prep.manifest import Manifest
 from prep.ops import side_context
+from prep.run import Progress
+from prep.run import shards as S
+from prep.run.manifest import Manifest
 
 from .conftest import wait_until
 from .test_shards import Evil
@@ -160,7 +160,7 @@ def test_resume_skips_only_what_is_proven_done(tmp_path, capsys):
     assert "pass --resume to finish that run, or choose a new --out" in capsys.readouterr().err
     # a damaged output and a stale temp file: only that shard is redone
     (out / "shard-00001.pt").write_bytes(b"garbage")
-    (out / ".shard-00002.pt.tmp-99-0badc0de").write_bytes(b"half")
+    (out / ".shard-00002.pt.tmp-99999999-0badc0de").write_bytes(b"half")  # no such PID
     assert cli("run", data, "--out", out, *SIDE, "--resume") == 0
     err = capsys.readouterr().err
     assert "2 shard(s) already done per the manifest, skipped; 1 stale temporary" in err
@@ -202,6 +202,36 @@ def test_missing_column_names_file_and_column(tmp_path, capsys):
                "--columns", "x,nope") == 1  # fmt: skip
     err = capsys.readouterr().err
     assert "shard-00000.pt: has no column 'nope'; it has 'x', 'mask', 'length'" in err
+    assert "Traceback" not in err  # prep's own verdict on the file says it all
+
+
+def test_a_failed_shard_shows_its_traceback(tmp_path, capsys, monkeypatch):
+    def broken_save(*args, **kwargs):
+        raise RuntimeError("a bug inside prep")
+
+    monkeypatch.setattr("prep.run.task.save_shard", broken_save)
+    data = make(tmp_path / "data", shards=2)
+    assert cli("run", data, "--out", tmp_path / "o", *SIDE, "--quiet", "--on-error", "skip") == 1
+    err = capsys.readouterr().err
+    for name in ("shard-00000.pt", "shard-00001.pt"):
+        assert f"prep run: {name} failed with:" in err
+        assert f"{name}: RuntimeError: a bug inside prep" in err  # the one-line list, last
+    assert err.count("Traceback (most recent call last)") == 2
+    assert "in run_shard" in err and "in broken_save" in err
+    # and for code, in the summary
+    config = prep.run.RunConfig("prep.ops:side_context_row", {"max_len": 5})
+    summary = prep.run.run_shards([data], tmp_path / "o2", config, on_error="skip")
+    assert sorted(summary.tracebacks) == ["shard-00000.pt", "shard-00001.pt"]
+    assert "in broken_save" in summary.tracebacks["shard-00000.pt"]
+
+
+def test_a_row_function_error_shows_the_function_line(tmp_path, capsys):
+    data = tmp_path / "data"
+    S.save_shard({"x": torch.arange(8.0)}, data / "a.pt", "pt")
+    args = ["--fn", "tests.rowfns:fail_on_5", "--columns", "x", "--executor", "serial"]
+    assert cli("run", data, "--out", tmp_path / "o", *args, "--quiet") == 1
+    err = capsys.readouterr().err
+    assert "in fail_on_5" in err and "ValueError: cannot handle" in err
 
 
 def test_unwritable_outputs(tmp_path, capsys):
@@ -267,7 +297,7 @@ def test_progress_bar_on_a_terminal():
     p.start(2, 0, 0)
     p.done({"input": "a.pt", "rows": 1000, "seconds": 0.1})
     p.done({"input": "b.pt", "rows": 1000, "seconds": 0.1})
-    p.finish(prep.jobs.Summary(shards=2, done=2, rows=2000, bytes_read=10**6, seconds=0.5))
+    p.finish(prep.run.Summary(shards=2, done=2, rows=2000, bytes_read=10**6, seconds=0.5))
     text = stream.getvalue()
     assert "2/2" in text and "2,000 rows" in text and "rows/s" in text and "\r" in text
     assert "2 done, 0 skipped" in text and "2.0 MB/s" in text
@@ -406,3 +436,49 @@ def test_explain_prints_the_choice_and_writes_nothing(tmp_path, capsys):
     assert "shard-00000.pt:" in text and "auto: 256 rows" in text
     assert "choice: vectorized" in text  # the op has a batched twin, far ahead of serial
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(240)
+def test_two_runs_into_one_out_at_once_both_finish(tmp_path, capsys):
+    """Concurrent runs never remove each other's temporary files (nor a third writer's)."""
+    data = make(tmp_path / "data", shards=12, rows=6)  # 0.3 s a shard: the runs overlap
+    assert cli("run", data, "--out", tmp_path / "ref", *SLOW, "--quiet") == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        theirs = out / f".shard-00000.pt.tmp-{writer.pid}-0123abcd"  # a live run's, mid-write
+        theirs.write_bytes(b"in flight")
+        crashed = out / ".shard-00001.pt.tmp-99999999-0badc0de"  # a dead one's
+        crashed.write_bytes(b"half")
+        for _ in range(2):  # the second round redoes the two outputs the first lost
+            args = ["run", data, "--out", out, *SLOW, "--resume"]
+            runs = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "prep", *map(str, args)],
+                    cwd=ROOT,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(2)
+            ]
+            errs = [r.communicate(timeout=120)[1] for r in runs]
+            assert [r.returncode for r in runs] == [0, 0], errs
+            assert theirs.exists(), errs
+            assert not crashed.exists()
+            assert temps_in(out) == [theirs]
+            # remove the outputs of some shards: the next round redoes them concurrently
+            for name in ("shard-00003.pt", "shard-00007.pt"):
+                (out / name).unlink()
+    finally:
+        writer.kill()
+        writer.wait()
+    theirs.unlink()
+    assert cli("run", data, "--out", out, *SLOW, "--resume") == 0
+    assert "2 done, 10 skipped" in capsys.readouterr().err
+    assert outputs(out) == outputs(tmp_path / "ref")
+    manifest = Manifest(out)
+    entries = manifest.entries()
+    recipe = prep.run.RunConfig("tests.rowfns:slow", columns=("x",)).recipe()
+    assert all(manifest.is_done(entries.get(s.rel), s, recipe) for s in S.find_shards([data]))

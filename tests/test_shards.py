@@ -1,8 +1,9 @@
-"""Shard files, the manifest and one shard's work: prep.shards, prep.manifest, prep.task."""
+"""Shard files, the manifest and one shard's work: prep.run's shards, manifest and task."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -13,10 +14,15 @@ import safetensors.torch
 import torch
 
 import prep
-from prep import shards as S
-from prep.manifest import Manifest
-from prep.shards import Cancelled, ShardFile, Temps
-from prep.task import RunConfig, ShardTask, _named, load_fn, run_shard
+from prep.errors import Cancelled
+from prep.run import shards as S
+from prep.run import temps as T
+from prep.run.manifest import Manifest
+from prep.run.shards import ShardFile
+from prep.run.task import RunConfig, ShardTask, _named, load_fn, run_shard
+from prep.run.temps import Temps
+
+from .conftest import wait_until
 
 
 class Evil:
@@ -69,7 +75,8 @@ def test_pt_bytes_do_not_depend_on_the_file_name(tmp_path):
 
 def test_pt_bytes_are_the_same_in_another_process(tmp_path):
     code = (
-        "import sys, torch; from prep import shards as S; from tests.test_shards import tensors; "
+        "import sys, torch; from prep.run import shards as S; "
+        "from tests.test_shards import tensors; "
         "S.save_shard(tensors(), __import__('pathlib').Path(sys.argv[1]), 'pt')"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "child.pt")], check=True)
@@ -103,7 +110,7 @@ def test_abandoned_temps_are_removed_and_refused(tmp_path):
     temps = Temps()
     tmp = temps.new(tmp_path / "a.pt")
     tmp.write_bytes(b"partial")
-    assert S._TEMP.match(tmp.name), tmp.name
+    assert T._TEMP.match(tmp.name), tmp.name
     assert temps.abandon() == [tmp]
     assert not tmp.exists()
     with pytest.raises(Cancelled):
@@ -115,12 +122,43 @@ def test_abandoned_temps_are_removed_and_refused(tmp_path):
 
 def test_remove_stale_temps_only_removes_ours(tmp_path):
     (tmp_path / "sub").mkdir()
-    ours = [tmp_path / ".a.pt.tmp-123-0123abcd", tmp_path / "sub" / ".b.safetensors.tmp-9-ffffffff"]
+    dead = 99_999_999  # above any pid_max (at most 2**22): no such process
+    ours = [
+        tmp_path / f".a.pt.tmp-{dead}-0123abcd",
+        tmp_path / "sub" / f".b.safetensors.tmp-{dead}-ffffffff",
+        tmp_path / f".c.pt.tmp-{2**70}-ffffffff",  # too large for a PID at all
+    ]
     theirs = [tmp_path / "a.pt", tmp_path / ".hidden", tmp_path / ".x.tmp-1-nothex!"]
     for p in ours + theirs:
         p.write_bytes(b"")
-    assert sorted(S.remove_stale_temps(tmp_path)) == sorted(ours)
+    assert sorted(T.remove_stale_temps(tmp_path)) == sorted(ours)
     assert all(p.exists() for p in theirs)
+
+
+def test_remove_stale_temps_keeps_those_of_live_writers(tmp_path):
+    # a live process (this one) started before writing the file: another run in flight
+    live = tmp_path / f".a.pt.tmp-{os.getpid()}-0123abcd"
+    live.write_bytes(b"in flight")
+    # the same live PID on a file last written before that process started: a crashed
+    # run's file under a reused PID
+    reused = tmp_path / f".b.pt.tmp-{os.getpid()}-ffffffff"
+    reused.write_bytes(b"left by a crash")
+    os.utime(reused, (1e9, 1e9))  # 2001
+    # a zombie writes nothing more
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_until(lambda: _state(zombie.pid) == "Z", timeout=15)
+    undead = tmp_path / f".c.pt.tmp-{zombie.pid}-00000000"
+    undead.write_bytes(b"")
+    try:
+        assert sorted(T.remove_stale_temps(tmp_path)) == sorted([reused, undead])
+    finally:
+        zombie.wait()
+    assert live.exists()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 # ------------------------------------------------------------------ loading

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import prep
 import prep.ops
-from prep.ops import side_context, side_context_loop, side_context_row
+from prep.bench.baselines import side_context_loop
+from prep.ops import side_context, side_context_row
 
 DTYPES = [torch.float32, torch.float16, torch.int64, torch.bool]
 SLOW_EXECUTORS = {"processes", "joblib"}

@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
+from .grid import Grid
 from .harness import run
-from .results import Cell, Grid, Results, Startup
+from .results import Cell, Results, Startup
 from .timing import Timing, interleaved, table
 from .workloads import WORKLOADS, Workload
 

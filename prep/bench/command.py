@@ -34,7 +34,9 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of integers; e.g. 16,64,256"
         ) from None
-    if any(v < 1 for v in values):
+    from .grid import is_count  # the Grid's own check (imported late: `prep --help` stays fast)
+
+    if not all(is_count(v) for v in values):
         raise argparse.ArgumentTypeError(f"{text!r} has a value < 1; every value must be >= 1")
     return values
 
@@ -58,7 +60,7 @@ def _seconds(text: str) -> float:
 
 def configure(p: argparse.ArgumentParser) -> None:
     """Add ``prep bench``'s arguments to ``p``."""
-    from .results import DEFAULT_WORKLOADS, variants
+    from .grid import DEFAULT_WORKLOADS, variants
 
     p.add_argument(
         "--quick",
@@ -120,7 +122,7 @@ def _split(values: Sequence[str] | None) -> tuple[str, ...] | None:
 
 def grid_from(args: argparse.Namespace) -> Any:
     """The :class:`~prep.bench.Grid` that ``args`` ask for."""
-    from .results import Grid
+    from .grid import Grid
     from .workloads import user_workload
 
     if (args.fn is None) != (args.batch is None):

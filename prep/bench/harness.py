@@ -18,7 +18,6 @@ import contextlib
 import gc
 import math
 import os
-import re
 import statistics
 import time
 import warnings
@@ -32,20 +31,12 @@ import torch
 from .. import api
 from .._rowwise import twin_of
 from .._system import info
-from .results import (
-    AUTO,
-    AUTO_FIRST,
-    LOOP,
-    PLAIN_JOBLIB,
-    POOLS,
-    Cell,
-    Grid,
-    Results,
-    Startup,
-    breakdown,
-)
+from .baselines import loop_stack, plain_joblib
+from .grid import AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB, POOLS, Grid
+from .results import Cell, Results, Startup, breakdown
 from .timing import Timing, interleaved
-from .workloads import Workload, loop_stack, noop, plain_joblib
+from .verify import Guard, check, nbytes, text
+from .workloads import Workload, noop
 
 __all__ = ["run"]
 
@@ -136,7 +127,7 @@ def _probe(name: str, workers: int) -> Startup:
             pool.map_rows(noop, rows)
             times.append(time.perf_counter() - t0)
     except Exception as exc:  # a pool that cannot start is a finding, not a crash
-        return Startup(name, workers, None, None, _text(exc))
+        return Startup(name, workers, None, None, text(exc))
     finally:
         pool.close()
     return Startup(name, workers, times[0], statistics.median(times[1:]))
@@ -152,7 +143,7 @@ def _workload_rows(
     try:
         batch = workload.batch(rows)
     except Exception as exc:
-        error = f"the batch factory failed: {_text(exc)}"
+        error = f"the batch factory failed: {text(exc)}"
         say(f"{workload.name} rows={rows}: FAILED ({error})")
         return [
             Cell(workload.name, rows, w, n, "failed", note=error)
@@ -163,7 +154,7 @@ def _workload_rows(
     # if serial raises, its cell says so; the other variants then go unchecked
     with contextlib.suppress(Exception):
         reference = api.map_rows(workload.fn, batch, executor="serial", timeout=grid.timeout)
-    sizes = (_nbytes(batch), _nbytes(reference))
+    sizes = (nbytes(batch), nbytes(reference))
     cells: list[Cell] = []
     for workers in grid.workers:
         group = _group(
@@ -216,7 +207,7 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
             if name == AUTO:
                 continue
             # each variant's first call is untimed (it warms pools and caches) and checked
-            error = _check(
+            error = check(
                 variants[name], g.reference, naive_rows if name == PLAIN_JOBLIB else g.rows
             )
             if error:
@@ -228,7 +219,7 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
             # auto's true first call. It runs after the others' first calls, so what a
             # process pays once (vmap's or a twin's first call) falls on no variant
             timed: list[float] = []
-            error = _check(variants[AUTO], g.reference, g.rows, timed)
+            error = check(variants[AUTO], g.reference, g.rows, timed)
             first_call = timed[0] if timed else None
             if error:
                 g.put(AUTO_FIRST, "failed", error)
@@ -286,7 +277,7 @@ def _variants(
 
 def _timed(g: _Group, variants: dict[str, Callable[[], Any]]) -> dict[str, Timing]:
     """Interleaved repeats of the variants; one that raises midway becomes a failed cell."""
-    guards = {name: _Guard(call) for name, call in variants.items()}
+    guards = {name: Guard(call) for name, call in variants.items()}
     timings = interleaved(guards, repeat=g.grid.repeat, warmup=0) if guards else {}
     for name, guard in guards.items():
         if guard.error:
@@ -296,15 +287,14 @@ def _timed(g: _Group, variants: dict[str, Callable[[], Any]]) -> dict[str, Timin
 
 
 def _note_choice(g: _Group, pool: api.Pool) -> None:
-    """Add what auto chose to its cells' notes, where the pool can say (``explain``)."""
-    explain = getattr(pool, "explain", None)
-    found = re.findall(r"choice:\s*(\S+)", explain()) if callable(explain) else []
-    if not found:
+    """Add what auto chose (its latest calibration's choice) to its cells' notes."""
+    choices = pool.choices()
+    if not choices:
         return
     for name in (AUTO, AUTO_FIRST):
         cell = g.cells.get(name)
         if cell is not None and cell.status == "ok":
-            cell.note = f"picked {found[-1]}" + (f"; {cell.note}" if cell.note else "")
+            cell.note = f"picked {choices[-1].choice}" + (f"; {cell.note}" if cell.note else "")
 
 
 def _naive_plan(rows: int, batch_bytes: int) -> tuple[int, str]:
@@ -315,70 +305,6 @@ def _naive_plan(rows: int, batch_bytes: int) -> tuple[int, str]:
             f"{_NAIVE_SKIP_BYTES / 2**20:.0f} MB, and every row would pickle all of it"
         )
     return max(1, min(rows, _NAIVE_SHIP_BYTES // max(batch_bytes, 1))), ""
-
-
-class _Guard:
-    """A variant that records its first exception instead of raising it mid-timing."""
-
-    def __init__(self, call: Callable[[], Any]) -> None:
-        self.call = call
-        self.error = ""
-
-    def __call__(self) -> None:
-        if self.error:
-            return
-        try:
-            self.call()
-        except Exception as exc:
-            self.error = _text(exc)
-
-
-def _check(
-    call: Callable[[], Any], reference: Any, rows: int, timed: list[float] | None = None
-) -> str:
-    """Call once; the error text if it raised or its result differs from serial's, else ''.
-    The call's own seconds (not the comparison's) are appended to ``timed``."""
-    try:
-        t0 = time.perf_counter()
-        result = call()
-        if timed is not None:
-            timed.append(time.perf_counter() - t0)
-    except Exception as exc:
-        return _text(exc)
-    if reference is None:
-        return ""
-    got, want = _leaves(result), _leaves(reference)
-    if len(got) != len(want) or not all(_same(g, w[:rows]) for g, w in zip(got, want)):
-        return "its result differs from the serial executor's"
-    return ""
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.is_floating_point() or a.is_complex():
-        # intra-op thread counts differ between executors, so sums may round differently
-        return torch.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True)
-    return torch.equal(a, b)
-
-
-def _leaves(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [leaf for k in sorted(value) for leaf in _leaves(value[k])]
-    if isinstance(value, (tuple, list)):
-        return [leaf for v in value for leaf in _leaves(v)]
-    return []
-
-
-def _nbytes(value: Any) -> int:
-    """Bytes of the storages behind ``value``'s tensors (what pickling a view ships)."""
-    return sum(t.untyped_storage().nbytes() for t in _leaves(value))
-
-
-def _text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()
 
 
 # ---------------------------------------------------------------- figures of a cell

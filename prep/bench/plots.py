@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .results import AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB, Cell, Results, label, uses_workers
+from .grid import AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB, label, uses_workers
+from .results import Cell, Results
 
 __all__ = ["COLORS", "draw"]
 

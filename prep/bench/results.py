@@ -1,161 +1,25 @@
-"""What ``prep bench`` measures and what it finds: the grid, one cell per variant, the results.
+"""What ``prep bench`` finds: one cell per variant and group, start-up probes, the results.
 
-A *variant* is a way to run a workload: an executor of the registry, ``auto``
-(warm), ``auto_first`` (its first call, calibration included), or one of two
-baselines people write without prep: ``loop`` (a Python loop and
-``torch.stack``) and ``plain_joblib`` (``joblib.Parallel`` over row views).
-A *group* is one workload at one rows-per-batch and one workers setting; its
-*winner* is the contender with the lowest median (auto is judged against it,
-not a contender, and neither is an estimated cell).
+A *group* is one workload at one rows-per-batch and one workers setting (the
+variants and the grid are :mod:`prep.bench.grid`'s); its *winner* is the
+contender with the lowest median (auto is judged against it, not a contender,
+and neither is an estimated cell).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
-from ..executors import REGISTRY, available_cores
-from .workloads import WORKLOADS, Workload
+from ..executors import available_cores
+from .auto_vs_best import summarize
+from .grid import AUTO, AUTO_FIRST, PLAIN_JOBLIB, POOLS, label
 
-__all__ = [
-    "AUTO",
-    "AUTO_FIRST",
-    "LABELS",
-    "LOOP",
-    "PLAIN_JOBLIB",
-    "POOLS",
-    "Cell",
-    "Grid",
-    "Results",
-    "Startup",
-    "breakdown",
-    "label",
-    "uses_workers",
-    "variants",
-]
+__all__ = ["SCHEMA", "Cell", "Results", "Startup", "breakdown"]
 
-AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB = "auto", "auto_first", "loop", "plain_joblib"
-#: executors that start threads or processes, whose start-up is measured apart
-POOLS = ("threads", "processes", "joblib")
-LABELS = {
-    AUTO_FIRST: "auto (first call, calibration included)",
-    LOOP: "loop + torch.stack",
-    PLAIN_JOBLIB: "plain joblib.Parallel",
-}
-#: auto counts as a good pick when its time is within this factor of the winner's
-WITHIN = 1.25
 SCHEMA = "prep.bench/1"
-
-DEFAULT_WORKLOADS = (
-    "noop",
-    "tokenize",
-    "python",
-    "matmul",
-    "sleep",
-    "side_context_small",
-    "side_context",
-)
-QUICK_WORKLOADS = ("python", "tokenize", "side_context_small", "sleep")
-
-
-def variants() -> tuple[str, ...]:
-    """Every name ``executors=`` accepts: the registry, ``auto`` and the two baselines."""
-    return (*(n for n in REGISTRY if n != AUTO), AUTO, LOOP, PLAIN_JOBLIB)
-
-
-def default_workers() -> tuple[int, ...]:
-    """1 (every executor's fixed cost, alone) and one worker per core."""
-    return tuple(sorted({1, available_cores()}))
-
-
-def label(name: str) -> str:
-    """How a variant is named in tables and pictures."""
-    return LABELS.get(name, name)
-
-
-def uses_workers(name: str) -> bool:
-    """Whether the variant's time depends on the workers setting (serial's does not)."""
-    return name in (*POOLS, PLAIN_JOBLIB, AUTO, AUTO_FIRST)
-
-
-@dataclass(frozen=True)
-class Grid:
-    """Which workloads, variants, rows per batch and workers to time, and how often.
-
-    ``workloads`` are names of :data:`prep.bench.workloads.WORKLOADS` or
-    :class:`~prep.bench.workloads.Workload` objects; ``timeout`` bounds each call
-    of a prep executor (seconds; None, the default, as in ``map_rows``).
-    """
-
-    workloads: tuple[str | Workload, ...] = DEFAULT_WORKLOADS
-    executors: tuple[str, ...] = field(default_factory=variants)
-    rows: tuple[int, ...] = (16, 64, 256)
-    workers: tuple[int, ...] = field(default_factory=default_workers)
-    repeat: int = 5
-    # None, as users call map_rows: a timeout changes how some executors run (joblib warms
-    # its workers first), so it would time something users do not get
-    timeout: float | None = None
-
-    @classmethod
-    def quick(cls, **changes: Any) -> Grid:
-        """A grid that finishes in well under a minute on 2 cores: a smoke test."""
-        settings: dict[str, Any] = {
-            "workloads": QUICK_WORKLOADS,
-            "rows": (8, 64),
-            "workers": (min(2, available_cores()),),
-            "repeat": 2,
-        }
-        return cls(**{**settings, **changes})
-
-    def __post_init__(self) -> None:
-        for name in ("workloads", "executors", "rows", "workers"):
-            value = getattr(self, name)
-            if isinstance(value, (str, Workload)) or not isinstance(value, Sequence):
-                raise ConfigError(f"Grid({name}={value!r}) needs a list or tuple")
-            if not value:
-                raise ConfigError(f"Grid({name}=()) is empty; give at least one")
-            object.__setattr__(self, name, tuple(value))
-        known = variants()
-        bad = [e for e in self.executors if e not in known]
-        if bad:
-            raise ConfigError(
-                f"executors {', '.join(map(repr, bad))} unknown; choose from {', '.join(known)}"
-            )
-        bad = [w for w in self.workloads if not isinstance(w, Workload) and w not in WORKLOADS]
-        if bad:
-            raise ConfigError(
-                f"workloads {', '.join(map(repr, bad))} unknown; choose from "
-                f"{', '.join(WORKLOADS)}, or give your own with --fn and --batch"
-            )
-        for name in ("rows", "workers"):
-            bad = [
-                n
-                for n in getattr(self, name)
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1
-            ]
-            if bad:
-                raise ConfigError(f"{name} {bad} are not positive integers; e.g. {name}=(16, 64)")
-        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
-            raise ConfigError(f"repeat={self.repeat!r} is not a positive integer; e.g. repeat=5")
-        if self.timeout is not None and not self.timeout > 0:
-            raise ConfigError(f"timeout={self.timeout!r} must be > 0 seconds, or None")
-
-    def resolved(self) -> list[Workload]:
-        """The workloads as objects, in order."""
-        return [w if isinstance(w, Workload) else WORKLOADS[w] for w in self.workloads]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "workloads": [w.name for w in self.resolved()],
-            "executors": list(self.executors),
-            "rows": list(self.rows),
-            "workers": list(self.workers),
-            "repeat": self.repeat,
-            "timeout_s": self.timeout,
-        }
 
 
 @dataclass
@@ -263,80 +127,8 @@ class Results:
         return next((c for c in self.cells if c.key == key and c.winner), None)
 
     def auto_summary(self) -> dict[str, Any]:
-        """auto against the best executor of the registry, per group where it ran.
-
-        Three figures, each a ratio to the best executor (the baselines are not
-        executors; the table still names the overall winner):
-
-        - ``auto_ratio``: warm auto's median over the best executor's median;
-        - ``auto_first_ratio``: auto's first call alone, calibration included,
-          over the best executor's warm median;
-        - ``auto_calls_ratio``: a fresh pool's first ``calls`` calls (its measured
-          first call, then warm auto's median for each later one), over the best
-          executor's median for as many calls *plus* its pool's start-up (the
-          start-up probe's): the way a pool is used, over a few batches. Medians
-          on both sides, so one stray slow repeat moves neither.
-        """
-        entries = []
-        starts = {(s.executor, s.workers): s.startup_s or 0.0 for s in self.startup}
-        for key, cells in self.groups():
-            winner = next((c for c in cells if c.winner), None)
-            by_name = {c.executor: c for c in cells if c.status == "ok"}
-            execs = [
-                c
-                for c in by_name.values()
-                if c.executor in REGISTRY
-                and c.executor != AUTO
-                and c.median_s is not None
-                and not c.estimated
-            ]
-            warm, first = by_name.get(AUTO), by_name.get(AUTO_FIRST)
-            if not execs or not (warm or first):
-                continue
-            best = min(execs, key=lambda c: c.median_s or 0.0)
-            entry = {
-                "workload": key[0],
-                "rows": key[1],
-                "workers": key[2],
-                "winner": winner.executor if winner else None,
-                "winner_s": winner.median_s if winner else None,
-                "best": best.executor,
-                "best_s": best.median_s,
-                "auto_s": warm.median_s if warm else None,
-                "auto_first_s": first.median_s if first else None,
-                "auto_ratio": _ratio(warm, best),
-                "auto_first_ratio": _ratio(first, best),
-                "calls": None,
-                "auto_calls_s": None,
-                "best_calls_s": None,
-                "auto_calls_ratio": None,
-            }
-            if warm and first and first.median_s is not None and warm.median_s is not None:
-                calls = 1 + len(warm.samples_s)
-                auto_calls = first.median_s + (calls - 1) * warm.median_s
-                best_calls = min(
-                    starts.get((c.executor, c.workers), 0.0) + calls * (c.median_s or 0.0)
-                    for c in execs
-                )
-                entry.update(
-                    calls=calls,
-                    auto_calls_s=auto_calls,
-                    best_calls_s=best_calls,
-                    auto_calls_ratio=auto_calls / best_calls if best_calls else None,
-                )
-            entries.append(entry)
-
-        def within(field_name: str) -> float | None:
-            ratios = [e[field_name] for e in entries if e[field_name] is not None]
-            return sum(r <= WITHIN for r in ratios) / len(ratios) if ratios else None
-
-        return {
-            "threshold": WITHIN,
-            "groups": entries,
-            "auto_within": within("auto_ratio"),
-            "auto_first_within": within("auto_first_ratio"),
-            "auto_calls_within": within("auto_calls_ratio"),
-        }
+        """auto against the best executor, per group: :func:`prep.bench.auto_vs_best.summarize`."""
+        return summarize(self)
 
     def to_dict(self) -> dict[str, Any]:
         return _finite(
@@ -395,12 +187,6 @@ def breakdown(
 def _best(cells: list[Cell]) -> Cell | None:
     ok = [c for c in cells if c.status == "ok" and c.contender and c.median_s is not None]
     return min(ok, key=lambda c: c.median_s) if ok else None  # type: ignore[arg-type,return-value]
-
-
-def _ratio(cell: Cell | None, best: Cell) -> float | None:
-    if cell is None or cell.median_s is None or not best.median_s:
-        return None
-    return cell.median_s / best.median_s
 
 
 def _finite(value: Any) -> Any:

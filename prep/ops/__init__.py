@@ -8,6 +8,6 @@ tensor([[1, 2]])
 
 from __future__ import annotations
 
-from .side_context import side_context, side_context_loop, side_context_row
+from .side_context import side_context, side_context_row
 
-__all__ = ["side_context", "side_context_loop", "side_context_row"]
+__all__ = ["side_context", "side_context_row"]

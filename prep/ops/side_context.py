@@ -5,9 +5,9 @@ Three forms with one meaning, checked bit for bit against each other:
 * :func:`side_context` -- the batch at once, no Python loop over rows;
 * :func:`side_context_row` -- one row, marked with :func:`prep.rowwise` so every
   executor (``vectorized`` included, which calls :func:`side_context`) can run it;
-* :func:`side_context_loop` -- the loop from the question prep grew out of
-  (slice each row, ``torch.cat`` the padding, ``torch.stack``), with its bugs
-  fixed. It is the baseline in benchmarks, not something to call.
+* :func:`prep.bench.baselines.side_context_loop` -- the loop from the question
+  prep grew out of (slice each row, ``torch.cat`` the padding, ``torch.stack``),
+  with its bugs fixed: the benchmarks' baseline, not an op.
 
 The meaning, for row ``b`` with valid length ``n = lengths[b]`` (``L`` if not given):
 
@@ -41,132 +41,26 @@ CUDA call syncs except the range check of ``lengths``.
 from __future__ import annotations
 
 import math
-import operator
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from .._rowwise import rowwise
+from ._checks import (
+    Number,
+    Side,
+    check_length,
+    check_lengths,
+    check_options,
+    check_out,
+    check_tensors,
+)
 
-Side = Literal["left", "right"]
-Number = int | float | bool
-
-__all__ = ["side_context", "side_context_loop", "side_context_row"]
+__all__ = ["side_context", "side_context_row"]
 
 # Below this many elements per feature slice, one masked pass over the output is
 # cheaper than finding the padding slices with nonzero() and filling only those.
 _INDEX_FILL_MIN_SLICE = 4
-
-
-# ------------------------------------------------------------------ checks
-
-
-def _check_tensors(inputs: object, mask: object, rank: int, what: str) -> None:
-    """``inputs`` is ``[B, L, *F]`` (``rank`` 2) or ``[L, *F]`` (1), ``mask`` its ``[B, L]``."""
-    if not isinstance(inputs, Tensor):
-        raise TypeError(f"{what} must be a Tensor, got {type(inputs).__name__}")
-    if inputs.dim() < rank:
-        dims = "[B, L, *F]" if rank == 2 else "[L, *F]"
-        raise ValueError(
-            f"{what} has shape {tuple(inputs.shape)} ({inputs.dim()} dims), "
-            f"expected {dims}: at least {rank} dims"
-        )
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"mask must be a Tensor, got {type(mask).__name__}")
-    lead = tuple(inputs.shape[:rank])
-    if tuple(mask.shape) != lead:
-        dims = "[B, L]" if rank == 2 else "[L]"
-        raise ValueError(
-            f"mask has shape {tuple(mask.shape)}, expected {dims} = {list(lead)} to match {what}"
-        )
-    if mask.dtype.is_floating_point or mask.dtype.is_complex:
-        raise TypeError(
-            f"mask has dtype {mask.dtype}, expected bool or an integer dtype; "
-            f"pass mask != 0 (or mask.bool())"
-        )
-    if mask.device != inputs.device:
-        raise ValueError(
-            f"mask is on {mask.device} but {what} on {inputs.device}; "
-            f"move mask with .to({what}.device)"
-        )
-
-
-def _check_options(side: object, max_len: object, pad_value: object, dtype: torch.dtype) -> int:
-    """Check ``side``, ``max_len`` and ``pad_value``; return ``max_len`` as an int."""
-    if side not in ("left", "right"):
-        raise ValueError(f"side={side!r} is not 'left' or 'right'")
-    if isinstance(max_len, bool):
-        raise TypeError(f"max_len={max_len!r} is a bool, expected an int >= 0")
-    try:
-        max_len = operator.index(max_len)
-    except TypeError:
-        raise TypeError(
-            f"max_len={max_len!r} is a {type(max_len).__name__}, expected an int >= 0"
-        ) from None
-    if max_len < 0:
-        raise ValueError(f"max_len={max_len} is negative, expected an int >= 0")
-    _check_pad(pad_value, dtype)
-    return max_len
-
-
-def _check_pad(pad_value: object, dtype: torch.dtype) -> None:
-    if not isinstance(pad_value, (int, float, bool)):
-        raise TypeError(
-            f"pad_value={pad_value!r} is a {type(pad_value).__name__}, expected a Python number"
-        )
-    if dtype.is_floating_point or dtype.is_complex:
-        return
-    if pad_value != int(pad_value) or (dtype == torch.bool and pad_value not in (0, 1)):
-        need = "False or True" if dtype == torch.bool else "an integer"
-        raise ValueError(f"pad_value={pad_value!r} cannot be stored in {dtype} inputs; pass {need}")
-
-
-def _check_lengths(lengths: object, inputs: Tensor) -> Tensor:
-    """``lengths`` as int64 ``[B]`` on the inputs' device; the range check syncs on CUDA."""
-    B, L = inputs.shape[:2]
-    if not isinstance(lengths, Tensor):
-        raise TypeError(
-            f"lengths must be a Tensor of shape [B] = [{B}] or None, got {type(lengths).__name__}"
-        )
-    if tuple(lengths.shape) != (B,):
-        raise ValueError(
-            f"lengths has shape {tuple(lengths.shape)}, expected [B] = [{B}] to match inputs"
-        )
-    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
-        raise TypeError(f"lengths has dtype {lengths.dtype}, expected an integer dtype")
-    if lengths.device != inputs.device:
-        raise ValueError(
-            f"lengths is on {lengths.device} but inputs on {inputs.device}; "
-            f"move it with .to(inputs.device)"
-        )
-    if B and bool(((lengths < 0) | (lengths > L)).any()):
-        lo, hi = int(lengths.min()), int(lengths.max())
-        raise ValueError(
-            f"lengths has values in [{lo}, {hi}], outside [0, L] = [0, {L}]; "
-            f"each length counts the valid positions of its row"
-        )
-    return lengths.long()
-
-
-def _check_out(out: object, shape: tuple[int, ...], inputs: Tensor) -> Tensor:
-    if not isinstance(out, Tensor):
-        raise TypeError(f"out must be a Tensor or None, got {type(out).__name__}")
-    if tuple(out.shape) != shape:
-        raise ValueError(
-            f"out has shape {tuple(out.shape)}, expected [B, max_len, *F] = {list(shape)}"
-        )
-    if out.dtype != inputs.dtype or out.device != inputs.device:
-        raise ValueError(
-            f"out is {out.dtype} on {out.device}, expected {inputs.dtype} on "
-            f"{inputs.device} like inputs"
-        )
-    if torch.is_grad_enabled() and inputs.requires_grad:
-        raise ValueError(
-            "out= cannot record autograd history, and inputs requires grad; "
-            "call without out= to get gradients, or under torch.no_grad()"
-        )
-    return out
 
 
 # ------------------------------------------------------------------ batched
@@ -283,14 +177,14 @@ def side_context(
     tensor([[ 6,  0,  0],
             [ 8,  9, 10]])
     """
-    _check_tensors(inputs, mask, 2, "inputs")
-    max_len = _check_options(side, max_len, pad_value, inputs.dtype)
+    check_tensors(inputs, mask, 2, "inputs")
+    max_len = check_options(side, max_len, pad_value, inputs.dtype)
     B, L, *rest = inputs.shape
     shape = (B, max_len, *rest)
     if lengths is not None:
-        lengths = _check_lengths(lengths, inputs)
+        lengths = check_lengths(lengths, inputs)
     if out is not None:
-        out = _check_out(out, shape, inputs)
+        out = check_out(out, shape, inputs)
     if B == 0 or L == 0 or max_len == 0:  # nothing to copy: all padding, or empty
         result = out if out is not None else inputs.new_empty(shape)
         result.fill_(pad_value)
@@ -337,26 +231,6 @@ def _one_row(
     return result
 
 
-def _scalar_length(length: object, L: int) -> int | None:
-    if length is None:
-        return None
-    if isinstance(length, Tensor):
-        if length.dim() != 0 or length.dtype.is_floating_point or length.dtype == torch.bool:
-            raise ValueError(
-                f"length is a {length.dtype} tensor of shape "
-                f"{tuple(length.shape)}, expected a 0-d integer tensor or an int"
-            )
-        length = int(length)
-    elif isinstance(length, bool) or not isinstance(length, int):
-        raise TypeError(
-            f"length={length!r} is a {type(length).__name__}, "
-            f"expected an int, a 0-d integer tensor or None"
-        )
-    if not 0 <= length <= L:
-        raise ValueError(f"length={length} is outside [0, L] = [0, {L}]")
-    return length
-
-
 @rowwise(batched=side_context, rename={"x": "inputs", "length": "lengths"})
 def side_context_row(
     x: Tensor,
@@ -382,53 +256,6 @@ def side_context_row(
     tensor([[1, 2],
             [8, 0]])
     """
-    _check_tensors(x, mask, 1, "x")
-    max_len = _check_options(side, max_len, pad_value, x.dtype)
-    return _one_row(x, mask, side, max_len, _scalar_length(length, x.shape[0]), pad_value)
-
-
-# ------------------------------------------------------------------ the baseline
-
-
-def side_context_loop(
-    inputs: Tensor,
-    mask: Tensor,
-    *,
-    side: Side,
-    max_len: int,
-    lengths: Tensor | None = None,
-    pad_value: Number = 0,
-) -> Tensor:
-    """The question's loop with its bugs fixed: slice each row, cat padding, stack.
-
-    The baseline :func:`side_context` is measured against; same results, bit for bit.
-
-    >>> import torch
-    >>> from prep.ops import side_context_loop
-    >>> side_context_loop(torch.arange(1, 7)[None], torch.tensor([[0, 0, 1, 0, 0, 0]]),
-    ...                   side="left", max_len=3)
-    tensor([[0, 1, 2]])
-    """
-    _check_tensors(inputs, mask, 2, "inputs")
-    max_len = _check_options(side, max_len, pad_value, inputs.dtype)
-    if lengths is not None:
-        lengths = _check_lengths(lengths, inputs)
-    B, L, *feat = inputs.shape
-    rows = []
-    for b in range(B):
-        row, where = inputs[b], mask[b].nonzero().flatten()
-        n = L if lengths is None else int(lengths[b])
-        if where.numel() == 0:
-            context = row[:0]  # the seed read this shape from a variable not yet set
-        elif side == "left":
-            stop = min(int(where[0]), n)  # the seed stopped at first - 1
-            context = row[max(stop - max_len, 0) : stop]  # and never cut to max_len
-        else:
-            start = int(where[-1]) + 1
-            context = row[start : min(n, start + max_len)]  # the seed stopped at the feature size
-        # padding in the inputs' dtype and device (the seed made float32 on the CPU)
-        padding = inputs.new_full((max_len - context.shape[0], *feat), pad_value)
-        rows.append(torch.cat([padding, context] if side == "left" else [context, padding]))
-    if not rows:
-        return inputs.new_full((0, max_len, *feat), pad_value)
-    return torch.stack(rows)
+    check_tensors(x, mask, 1, "x")
+    max_len = check_options(side, max_len, pad_value, x.dtype)
+    return _one_row(x, mask, side, max_len, check_length(length, x.shape[0]), pad_value)

@@ -1,6 +1,6 @@
 """Shards as tasks on a Dask distributed cluster (the optional ``prep[dask]`` extra).
 
-Each :class:`~prep.task.ShardTask` is submitted as ``run_shard(task)``; the
+Each :class:`~prep.run.task.ShardTask` is submitted as ``run_shard(task)``; the
 worker reads the input and writes the output itself, so every worker must see
 the input and output paths as the driver does (a shared filesystem: NFS, a
 cluster filesystem, or one machine). The entry comes back to the driver, which
@@ -13,8 +13,8 @@ from __future__ import annotations
 import queue
 from typing import Any
 
-from .errors import ConfigError
-from .executors import available_cores, threads_per_worker
+from ..errors import ConfigError
+from ..executors import available_cores, threads_per_worker
 from .task import ShardTask, run_shard
 
 INSTALL = "pip install 'prep[dask]'"

@@ -17,7 +17,7 @@ thread slot has its own :class:`prep.Pool`, since one executor must not run
 two batches at once. A pure-Python row function gets its parallelism from
 ``executor="processes"`` inside each shard.
 
-With ``cluster`` the same tasks go to a Dask scheduler (:mod:`prep._dask`); the
+With ``cluster`` the same tasks go to a Dask scheduler (:mod:`prep.run.dask`); the
 workers read and write the files, so they must see the same paths (a shared
 filesystem), and the driver alone writes the manifest.
 
@@ -27,69 +27,34 @@ a second run would otherwise silently mix two runs' outputs.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
-import signal
-import threading
 import time
+import traceback
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ._checks import check_device
-from ._progress import Progress, Summary
-from .api import Pool
-from .errors import ConfigError
-from .executors import executor_class
+from .._checks import check_device
+from ..errors import ConfigError, ShardError, Terminated
+from ..executors import executor_class
+from .local import LocalBackend
 from .manifest import Manifest
-from .shards import FORMATS, Temps, find_shards, remove_stale_temps
-from .task import RunConfig, ShardTask, load_fn, run_shard
+from .progress import Progress, Summary
+from .shards import FORMATS, find_shards
+from .signals import shielded
+from .task import RunConfig, ShardTask, load_fn
+from .temps import remove_stale_temps
 
-__all__ = ["ON_ERROR", "RunConfig", "Summary", "Terminated", "run_shards", "sigterm_raises"]
+__all__ = ["LOCAL_JOBS", "ON_ERROR", "Backend", "run_shards"]
 
 ON_ERROR = ("stop", "skip")
 #: shards in flight locally by default: two, so that one shard's reading, writing
 #: and fsync overlap the other's compute (measured in scripts/bench_run.py)
 LOCAL_JOBS = 2
 _POLL = 0.25  # seconds between checks of the done queue
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread the way Ctrl-C raises KeyboardInterrupt."""
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
-def _shielded() -> Iterator[None]:
-    """Ignore a second Ctrl-C or SIGTERM while the first one's cleanup runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 class Backend(Protocol):
@@ -104,58 +69,9 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class LocalBackend:
-    """``jobs`` shards at once in daemon threads, each slot with its own ``prep.Pool``."""
-
-    def __init__(self, config: RunConfig, jobs: int) -> None:
-        self.slots = jobs
-        self._pools: list[Pool] = [
-            Pool(config.executor, config.workers, config.device) for _ in range(jobs)
-        ]
-        self._free: queue.SimpleQueue[Pool] = queue.SimpleQueue()
-        for pool in self._pools:
-            self._free.put(pool)
-        self._cancel = threading.Event()
-        self._temps = Temps()
-        self._threads: list[threading.Thread] = []
-
-    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
-        def work() -> None:
-            pool = self._free.get()
-            try:
-                outcome: Any = run_shard(task, pool, self._cancel, self._temps)
-            except BaseException as exc:  # reported by the driver, never lost in a thread
-                outcome = exc
-            finally:
-                self._free.put(pool)
-            done.put((task, outcome))
-
-        # daemon: a thread stuck in a long row loop must not keep an interrupted run alive
-        t = threading.Thread(target=work, name=f"prep-shard:{task.source.rel}", daemon=True)
-        self._threads = [x for x in self._threads if x.is_alive()]
-        self._threads.append(t)
-        t.start()
-
-    def abandon(self, grace: float = 5.0) -> None:
-        """Stop at the next step; remove temporary files; stop process workers mid-row."""
-        self._cancel.set()
-        self._temps.abandon()  # from here on no temp file is created or renamed into place
-        for pool in self._pools:
-            pool.close()
-        deadline = time.monotonic() + grace
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-
-    def close(self) -> None:
-        for t in self._threads:
-            t.join()
-        for pool in self._pools:
-            pool.close()
-
-
 def _backend(config: RunConfig, jobs: int | None, cluster: str | None) -> Backend:
     if cluster is not None:
-        from ._dask import DaskBackend  # Dask is an optional extra: import only when asked
+        from .dask import DaskBackend  # Dask is an optional extra: import only when asked
 
         return DaskBackend(cluster, jobs)
     return LocalBackend(config, jobs or LOCAL_JOBS)
@@ -219,10 +135,10 @@ def run_shards(
     Ctrl-C (and SIGTERM under :func:`sigterm_raises`) abandons the shards in
     flight, removes their temporary files and re-raises.
 
-    >>> import tempfile, prep.shards
-    >>> from prep.jobs import RunConfig, run_shards
+    >>> import tempfile, prep.run
+    >>> from prep.run import RunConfig, run_shards
     >>> data, out = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> _ = prep.shards.make_shards(data, shards=2, rows=8, seq=6, dim=2)
+    >>> _ = prep.run.make_shards(data, shards=2, rows=8, seq=6, dim=2)
     >>> config = RunConfig("prep.ops:side_context_row", {"max_len": 3})
     >>> s = run_shards([data], out, config)
     >>> (s.done, s.rows, s.exit_code)
@@ -230,8 +146,42 @@ def run_shards(
     """
     inputs = list(inputs)
     _check(config, jobs, on_error)
-    shards = find_shards(inputs)
     folder = Path(out)
+    manifest, todo, summary, stale = _plan(inputs, folder, config, resume)
+    progress = progress or Progress(quiet=True)
+    progress.start(len(todo), summary.skipped, len(stale))
+    if not todo:  # all done already: no pool or cluster to start
+        progress.finish(summary)
+        return summary
+    started = time.monotonic()
+    backend = _backend(config, jobs, cluster)
+    try:
+        _drive(backend, todo, manifest, on_error, progress, summary)
+    except BaseException as exc:  # Ctrl-C, SIGTERM, or the manifest's disk failing
+        with shielded():
+            if isinstance(exc, KeyboardInterrupt):
+                summary.interrupted = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+            summary.not_started = len(todo)
+            backend.abandon()
+            # a Dask worker's (once a cluster we started is closed), which this process
+            # cannot track; a live worker's or another run's are left alone
+            remove_stale_temps(folder)
+        raise
+    else:
+        backend.close()
+    finally:
+        summary.seconds = time.monotonic() - started
+        with shielded():
+            manifest.close()
+            progress.finish(summary)
+    return summary
+
+
+def _plan(
+    inputs: list[str | os.PathLike[str]], folder: Path, config: RunConfig, resume: bool
+) -> tuple[Manifest, deque[ShardTask], Summary, list[Path]]:
+    """The manifest, the shards still to do, the summary so far and the stale temps removed."""
+    shards = find_shards(inputs)
     _prepare_out(folder, inputs)
     manifest = Manifest(folder)
     previous = manifest.entries()
@@ -247,34 +197,10 @@ def run_shards(
         for s in shards
         if not manifest.is_done(previous.get(s.rel), s, recipe)
     )
-    progress = progress or Progress(quiet=True)
     summary = Summary(
         shards=len(shards), skipped=len(shards) - len(todo), manifest=str(manifest.path)
     )
-    progress.start(len(todo), summary.skipped, len(stale))
-    if not todo:  # all done already: no pool or cluster to start
-        progress.finish(summary)
-        return summary
-    started = time.monotonic()
-    backend = _backend(config, jobs, cluster)
-    try:
-        _drive(backend, todo, manifest, on_error, progress, summary)
-    except BaseException as exc:  # Ctrl-C, SIGTERM, or the manifest's disk failing
-        with _shielded():
-            if isinstance(exc, KeyboardInterrupt):
-                summary.interrupted = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
-            summary.not_started = len(todo)
-            backend.abandon()
-            remove_stale_temps(folder)  # a Dask worker's, which this process cannot track
-        raise
-    else:
-        backend.close()
-    finally:
-        summary.seconds = time.monotonic() - started
-        with _shielded():
-            manifest.close()
-            progress.finish(summary)
-    return summary
+    return manifest, todo, summary, stale
 
 
 def _drive(
@@ -303,9 +229,7 @@ def _drive(
         in_flight -= 1
         summary.abandoned = in_flight
         if isinstance(outcome, BaseException):
-            error = f"{type(outcome).__name__}: {outcome}"
-            summary.failed.append((task.source.rel, error))
-            progress.failed(task.source.rel, error)
+            _record_failure(task, outcome, progress, summary)
             stopping = stopping or on_error == "stop"
         else:
             manifest.append(outcome)
@@ -314,3 +238,16 @@ def _drive(
             summary.bytes_read += outcome["input_size"]
             progress.done(outcome)
     summary.not_started = len(todo)
+
+
+def _record_failure(
+    task: ShardTask, exc: BaseException, progress: Progress, summary: Summary
+) -> None:
+    # the one-line error for the progress and the summary, and the whole traceback,
+    # or a bug (in prep or the function) would leave no trace of where it happened;
+    # a ShardError with no cause is prep's complete verdict on the file
+    error = f"{type(exc).__name__}: {exc}"
+    summary.failed.append((task.source.rel, error))
+    if not (isinstance(exc, ShardError) and exc.__cause__ is None):
+        summary.tracebacks[task.source.rel] = "".join(traceback.format_exception(exc))
+    progress.failed(task.source.rel, error)

@@ -25,6 +25,9 @@ class Summary:
     done: int = 0
     skipped: int = 0  # already done, per the manifest
     failed: list[tuple[str, str]] = field(default_factory=list)  # (input, error)
+    #: input -> the formatted traceback of its failure (all but a ShardError with no
+    #: cause, whose message says everything); printed at the end
+    tracebacks: dict[str, str] = field(default_factory=dict)
     not_started: int = 0  # after a stop on error, or an interrupt
     abandoned: int = 0  # in flight when interrupted
     rows: int = 0
@@ -109,6 +112,9 @@ class Progress:
                 f"{mb:,.1f} MB read in {s.seconds:.2f} s ({mb / secs:,.1f} MB/s, "
                 f"{s.rows / secs:,.0f} rows/s)"
             )
+        for name, tb in s.tracebacks.items():
+            self._line(f"{name} failed with:")
+            print(tb.rstrip("\n"), file=self.stream)
         if s.failed:
             self._line(f"{len(s.failed)} shard(s) failed:")
             for name, error in s.failed:

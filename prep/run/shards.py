@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-import secrets
-import threading
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -38,17 +35,16 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from .errors import ConfigError, ShardError
+from ..errors import ConfigError, ShardError
+from .temps import Temps
 
 __all__ = [
     "FORMATS",
     "ShardFile",
-    "Temps",
     "compact",
     "find_shards",
     "make_shards",
     "load_shard",
-    "remove_stale_temps",
     "save_shard",
     "sha256_file",
 ]
@@ -56,11 +52,6 @@ __all__ = [
 #: file suffix -> format name
 FORMATS: dict[str, str] = {".pt": "pt", ".safetensors": "safetensors"}
 _SUFFIX = {name: suffix for suffix, name in FORMATS.items()}
-_TEMP = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")
-
-
-class Cancelled(Exception):
-    """The run was abandoned (Ctrl-C, SIGTERM) while this shard was in flight."""
 
 
 @dataclass(frozen=True)
@@ -178,48 +169,6 @@ def compact(t: Tensor) -> Tensor:
     return t
 
 
-class Temps:
-    """The temporary files of shards in flight, so an abandoned run can remove them.
-
-    After :meth:`abandon`, no new temporary file is created and none is renamed
-    into place: an interrupted run leaves only complete outputs behind.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._live: set[Path] = set()
-        self._abandoned = False
-
-    def new(self, final: Path) -> Path:
-        with self._lock:
-            if self._abandoned:
-                raise Cancelled(f"{final}: the run was abandoned")
-            tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-            self._live.add(tmp)
-            return tmp
-
-    def replace(self, tmp: Path, final: Path) -> None:
-        with self._lock:
-            if self._abandoned:
-                raise Cancelled(f"{final}: the run was abandoned")
-            os.replace(tmp, final)
-            self._live.discard(tmp)
-
-    def forget(self, tmp: Path) -> None:
-        with self._lock:
-            self._live.discard(tmp)
-        tmp.unlink(missing_ok=True)
-
-    def abandon(self) -> list[Path]:
-        """Remove every temporary file in flight; refuse new ones. Returns those removed."""
-        with self._lock:
-            self._abandoned = True
-            live, self._live = sorted(self._live), set()
-        for tmp in live:
-            tmp.unlink(missing_ok=True)
-        return live
-
-
 class _Hashing:
     """A write-only file object that hashes what passes through it."""
 
@@ -303,14 +252,6 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def remove_stale_temps(folder: Path) -> list[Path]:
-    """Delete temporary files a crashed run left under ``folder``; returns them."""
-    stale = [p for p in folder.rglob(".*.tmp-*") if _TEMP.match(p.name) and p.is_file()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
-
-
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     sha = hashlib.sha256()
     with open(path, "rb") as f:
@@ -340,8 +281,8 @@ def make_shards(
     ``seq // 2``): the keyword names of :func:`prep.ops.side_context_row`, so a
     shard is a ready dict batch for it. The same arguments give the same bytes.
 
-    >>> import tempfile, prep.shards
-    >>> paths = prep.shards.make_shards(tempfile.mkdtemp(), shards=2, rows=8, seq=6, dim=2)
+    >>> import tempfile, prep.run
+    >>> paths = prep.run.make_shards(tempfile.mkdtemp(), shards=2, rows=8, seq=6, dim=2)
     >>> [p.name for p in paths]
     ['shard-00000.pt', 'shard-00001.pt']
     """

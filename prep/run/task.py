@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import __version__
-from ._imports import load_callable
-from .api import Pool, map_rows
-from .errors import ShardError
+from .. import __version__
+from .._imports import load_callable
+from ..api import Pool, explain, map_rows
+from ..auto import Calibration
+from ..errors import Cancelled, ShardError
 from .manifest import SCHEMA
-from .shards import Cancelled, ShardFile, Temps, load_shard, save_shard
+from .shards import ShardFile, find_shards, load_shard, save_shard
+from .temps import Temps
 
-__all__ = ["RunConfig", "ShardTask", "load_fn", "run_shard"]
+__all__ = ["RunConfig", "ShardTask", "explain_first_shard", "load_fn", "run_shard"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class RunConfig:
     trust_pickle: bool = False
 
     def recipe(self) -> dict[str, Any]:
-        """The fields that say which computation made an output (see :mod:`prep.manifest`)."""
+        """The fields that say which computation made an output (see :mod:`prep.run.manifest`)."""
         columns = list(self.columns) if self.columns is not None else None
         return {"fn": self.fn, "args": dict(self.args), "columns": columns}
 
@@ -169,6 +172,28 @@ def run_shard(
         "seconds": round(time.monotonic() - started, 6),
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def explain_first_shard(
+    inputs: Iterable[str | os.PathLike[str]], config: RunConfig
+) -> tuple[Path, Calibration]:
+    """The first shard under ``inputs`` and what ``executor="auto"`` measured and chose on it.
+
+    The function of ``config`` is calibrated on that shard's batch, as
+    :func:`prep.explain` does (``prep run --explain``); nothing is written.
+    ``print()`` the calibration for a few readable lines.
+
+    >>> import tempfile, prep.run
+    >>> data = tempfile.mkdtemp()
+    >>> _ = prep.run.make_shards(data, shards=1, rows=8, seq=6, dim=2)
+    >>> config = prep.run.RunConfig("prep.ops:side_context_row", {"max_len": 3})
+    >>> path, calibration = prep.run.explain_first_shard([data], config)
+    >>> path.name, calibration.choice in prep.executors
+    ('shard-00000.pt', True)
+    """
+    first = find_shards(inputs)[0].path  # find_shards raises ConfigError when there are none
+    batch, _ = _batch(load_shard(first, trust_pickle=config.trust_pickle), config.columns, first)
+    return first, explain(_bound(config.fn, config.args), batch, workers=config.workers)
 
 
 def _stat(path: Path) -> tuple[int, int]:

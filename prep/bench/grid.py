@@ -1,0 +1,154 @@
+"""What ``prep bench`` times: the variants, by name, and the grid of settings to time them in.
+
+A *variant* is a way to run a workload: an executor of the registry, ``auto``
+(warm), ``auto_first`` (its first call, calibration included), or one of two
+baselines people write without prep (:mod:`prep.bench.baselines`): ``loop`` (a
+Python loop and ``torch.stack``) and ``plain_joblib`` (``joblib.Parallel`` over
+row views). :class:`Grid` names the workloads, variants, rows per batch and
+workers to time, and how often.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..executors import REGISTRY, available_cores
+from .workloads import WORKLOADS, Workload
+
+__all__ = [
+    "AUTO",
+    "AUTO_FIRST",
+    "DEFAULT_WORKLOADS",
+    "LABELS",
+    "LOOP",
+    "PLAIN_JOBLIB",
+    "POOLS",
+    "QUICK_WORKLOADS",
+    "Grid",
+    "default_workers",
+    "is_count",
+    "label",
+    "uses_workers",
+    "variants",
+]
+
+AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB = "auto", "auto_first", "loop", "plain_joblib"
+#: executors that start threads or processes, whose start-up is measured apart
+POOLS = ("threads", "processes", "joblib")
+LABELS = {
+    AUTO_FIRST: "auto (first call, calibration included)",
+    LOOP: "loop + torch.stack",
+    PLAIN_JOBLIB: "plain joblib.Parallel",
+}
+
+DEFAULT_WORKLOADS = (
+    "noop",
+    "tokenize",
+    "python",
+    "matmul",
+    "sleep",
+    "side_context_small",
+    "side_context",
+)
+QUICK_WORKLOADS = ("python", "tokenize", "side_context_small", "sleep")
+
+
+def variants() -> tuple[str, ...]:
+    """Every name ``executors=`` accepts: the registry, ``auto`` and the two baselines."""
+    return (*(n for n in REGISTRY if n != AUTO), AUTO, LOOP, PLAIN_JOBLIB)
+
+
+def default_workers() -> tuple[int, ...]:
+    """1 (every executor's fixed cost, alone) and one worker per core."""
+    return tuple(sorted({1, available_cores()}))
+
+
+def is_count(value: object) -> bool:
+    """Whether ``value`` is a positive int (a bool is not one, though Python says it is an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def label(name: str) -> str:
+    """How a variant is named in tables and pictures."""
+    return LABELS.get(name, name)
+
+
+def uses_workers(name: str) -> bool:
+    """Whether the variant's time depends on the workers setting (serial's does not)."""
+    return name in (*POOLS, PLAIN_JOBLIB, AUTO, AUTO_FIRST)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Which workloads, variants, rows per batch and workers to time, and how often.
+
+    ``workloads`` are names of :data:`prep.bench.workloads.WORKLOADS` or
+    :class:`~prep.bench.workloads.Workload` objects; ``timeout`` bounds each call
+    of a prep executor (seconds; None, the default, as in ``map_rows``).
+    """
+
+    workloads: tuple[str | Workload, ...] = DEFAULT_WORKLOADS
+    executors: tuple[str, ...] = field(default_factory=variants)
+    rows: tuple[int, ...] = (16, 64, 256)
+    workers: tuple[int, ...] = field(default_factory=default_workers)
+    repeat: int = 5
+    # None, as users call map_rows: a timeout changes how some executors run (joblib warms
+    # its workers first), so it would time something users do not get
+    timeout: float | None = None
+
+    @classmethod
+    def quick(cls, **changes: Any) -> Grid:
+        """A grid that finishes in well under a minute on 2 cores: a smoke test."""
+        settings: dict[str, Any] = {
+            "workloads": QUICK_WORKLOADS,
+            "rows": (8, 64),
+            "workers": (min(2, available_cores()),),
+            "repeat": 2,
+        }
+        return cls(**{**settings, **changes})
+
+    def __post_init__(self) -> None:
+        for name in ("workloads", "executors", "rows", "workers"):
+            value = getattr(self, name)
+            if isinstance(value, (str, Workload)) or not isinstance(value, Sequence):
+                raise ConfigError(f"Grid({name}={value!r}) needs a list or tuple")
+            if not value:
+                raise ConfigError(f"Grid({name}=()) is empty; give at least one")
+            object.__setattr__(self, name, tuple(value))
+        known = variants()
+        bad = [e for e in self.executors if e not in known]
+        if bad:
+            raise ConfigError(
+                f"executors {', '.join(map(repr, bad))} unknown; choose from {', '.join(known)}"
+            )
+        bad = [w for w in self.workloads if not isinstance(w, Workload) and w not in WORKLOADS]
+        if bad:
+            raise ConfigError(
+                f"workloads {', '.join(map(repr, bad))} unknown; choose from "
+                f"{', '.join(WORKLOADS)}, or give your own with --fn and --batch"
+            )
+        for name in ("rows", "workers"):
+            bad = [n for n in getattr(self, name) if not is_count(n)]
+            if bad:
+                raise ConfigError(f"{name} {bad} are not positive integers; e.g. {name}=(16, 64)")
+        if not is_count(self.repeat):
+            raise ConfigError(f"repeat={self.repeat!r} is not a positive integer; e.g. repeat=5")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ConfigError(f"timeout={self.timeout!r} must be > 0 seconds, or None")
+
+    def resolved(self) -> list[Workload]:
+        """The workloads as objects, in order."""
+        return [w if isinstance(w, Workload) else WORKLOADS[w] for w in self.workloads]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workloads": [w.name for w in self.resolved()],
+            "executors": list(self.executors),
+            "rows": list(self.rows),
+            "workers": list(self.workers),
+            "repeat": self.repeat,
+            "timeout_s": self.timeout,
+        }

@@ -1,0 +1,59 @@
+"""``prep run``: a folder of tensor shards through a row function, durably and resumably.
+
+The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow)::
+
+    shards.py    find, load (weights_only) and save (temp file, fsync, rename) shard files
+    manifest.py  manifest.jsonl: one fsynced line per finished shard; what --resume trusts
+    task.py      one shard's work, wherever it runs: load -> map_rows -> save -> entry
+    jobs.py      the driver: shards in flight, results recorded, Ctrl-C/SIGTERM handled
+    local.py     where shards run by default: threads of this process, one Pool each
+    dask.py      where they run with ``cluster``: a Dask scheduler (prep[dask])
+    progress.py  what the person watching sees, and the run's Summary
+    temps.py     temporary files: tracked, and removed once their writer is gone
+    signals.py   SIGTERM as an exception, and cleanup shielded from a second signal
+
+>>> import tempfile, prep.run
+>>> data, out = tempfile.mkdtemp(), tempfile.mkdtemp()
+>>> _ = prep.run.make_shards(data, shards=2, rows=8, seq=6, dim=2)
+>>> config = prep.run.RunConfig("prep.ops:side_context_row", {"max_len": 3})
+>>> prep.run.run_shards([data], out, config).exit_code
+0
+"""
+
+from __future__ import annotations
+
+from .jobs import ON_ERROR, run_shards
+from .manifest import Manifest
+from .progress import Progress, Summary
+from .shards import (
+    FORMATS,
+    ShardFile,
+    find_shards,
+    load_shard,
+    make_shards,
+    save_shard,
+)
+from .signals import sigterm_raises
+from .task import RunConfig, ShardTask, explain_first_shard, load_fn, run_shard
+from .temps import remove_stale_temps
+
+__all__ = [
+    "FORMATS",
+    "ON_ERROR",
+    "Manifest",
+    "Progress",
+    "RunConfig",
+    "ShardFile",
+    "ShardTask",
+    "Summary",
+    "explain_first_shard",
+    "find_shards",
+    "load_fn",
+    "load_shard",
+    "make_shards",
+    "remove_stale_temps",
+    "run_shard",
+    "run_shards",
+    "save_shard",
+    "sigterm_raises",
+]
