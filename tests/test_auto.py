@@ -293,7 +293,7 @@ def test_processes_do_not_divide_work_that_torch_already_spreads_over_the_cores(
     # serial again on one intra-op thread (each of two workers' share) took twice as long
     assert cal.one_thread_row is not None and cal.serial_cores >= 1.5, str(cal)
     # so two workers do the rows no faster than serial did on two threads
-    warm = cal.predicted["processes"] - cal.process_start
+    warm = cal.predicted["processes"]  # a started pool's: the start-up is apart
     assert warm >= cal.predicted["serial"] / 1.3, str(cal)
 
 

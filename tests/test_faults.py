@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import prep
-from prep.executors import processes as processes_module
+from prep.executors import _transport as transport_module
 from tests import rowfns
 from tests.conftest import wait_until
 
@@ -164,7 +164,7 @@ def test_threads_per_worker_cap(no_leaks, executor):
 
 
 def test_shm_preflight(monkeypatch):
-    monkeypatch.setattr(processes_module, "shm_free", lambda: 1 << 20)
+    monkeypatch.setattr(transport_module, "shm_free", lambda: 1 << 20)
     x = torch.ones(1024, 1024)  # 4 MiB, more than the "free" 1 MiB
     with pytest.raises(prep.ConfigError, match=r"needs 4\.0 MiB .* has 1\.0 MiB free.*'threads'"):
         prep.map_rows(rowfns.affine, x, executor="processes", workers=2)

@@ -43,12 +43,9 @@ every batch it runs and lets the measured figures decide.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -57,6 +54,7 @@ from .._structure import Output, TensorRows, flatten
 from ..errors import ConfigError
 from ..executors._base import BLOCK, Executor, Job, available_cores, threads_per_worker
 from ..executors.processes import pickle_fn, shm_fits, shm_free
+from ._vmap import no_vmap_fallback, same_rows, why
 from .calibration import Calibration
 
 #: seconds of serial work below which worker processes are not even considered
@@ -210,10 +208,10 @@ class Calibrator:
         ex = self.get("vmap")
         fn, _ = ex.batched(job.fn)  # type: ignore[attr-defined]
         try:
-            with _no_vmap_fallback():  # not timed: a first vmap call can take 100x more
+            with no_vmap_fallback():  # not timed: a first vmap call can take 100x more
                 job.rows.take(0, 1).call_batched(fn)
         except Exception as exc:  # any failure just removes the candidate
-            cal.dropped["vmap"] = _why(exc)
+            cal.dropped["vmap"] = why(exc)
             return False
         k = min(self.n, max(4, min(32, self.n // 8)))
         scratch = Job(job.fn, job.rows.take(0, k), None, job.timeout)
@@ -227,14 +225,14 @@ class Calibrator:
             return False
         t = self._now()
         try:
-            with _no_vmap_fallback():
+            with no_vmap_fallback():
                 out = ex.run(job)  # every row (job.done is 0)
         except Exception as exc:
-            cal.dropped["vmap"] = _why(exc)
+            cal.dropped["vmap"] = why(exc)
             return False
         took = self._now() - t
         ref, done = scratch.output, scratch.done
-        if ref is None or not _same_rows(out.spec, [b[:done] for b in out.buffers], ref, done):
+        if ref is None or not same_rows(out.spec, [b[:done] for b in out.buffers], ref, done):
             cal.dropped["vmap"] = "its results differ from serial"
             return False
         job.output, job.done, cal.vmap_row = out, self.n, took / self.n
@@ -255,12 +253,12 @@ class Calibrator:
         fn, _ = self.get("vmap").batched(job.fn)  # type: ignore[attr-defined]
         # not timed: a first vmap call in a process can take 100x a later one
         try:
-            with _no_vmap_fallback():  # an op without a batching rule raises, not loops
+            with no_vmap_fallback():  # an op without a batching rule raises, not loops
                 spec, leaves = flatten(head.call_batched(fn))
         except Exception as exc:  # any failure just removes the candidate
-            cal.dropped["vmap"] = _why(exc)
+            cal.dropped["vmap"] = why(exc)
             return False
-        same = _same_rows(spec, leaves, job.output, k)
+        same = same_rows(spec, leaves, job.output, k)
         if not same:
             cal.dropped["vmap"] = "its results differ from serial"
         return same
@@ -415,43 +413,6 @@ class Calibrator:
         cal.sample = self.job.done
         cal.seconds = self._now() - t0
         return cal
-
-
-def _same_rows(spec: Any, leaves: list[torch.Tensor], ref: Output, k: int) -> bool:
-    """Whether a batched form's first ``k`` rows (``spec``, ``leaves``) equal the
-    rows serial wrote into ``ref``, bit for bit, in structure, shape and dtype."""
-    return spec == ref.spec and all(
-        leaf.shape == buf[:k].shape and leaf.dtype == buf.dtype and torch.equal(leaf, buf[:k])
-        for leaf, buf in zip(leaves, ref.buffers)
-    )
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0][:80] if str(exc) else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-_fallback_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _no_vmap_fallback() -> Iterator[None]:
-    """vmap's slow path (a loop over the rows for ops without a batching rule) raises
-    instead, for the bit-for-bit check. torch's switch is process-wide: one check at
-    a time, and the previous setting is restored."""
-    functorch = getattr(torch._C, "_functorch", None)
-    enabled = getattr(functorch, "_is_vmap_fallback_enabled", None)
-    switch = getattr(functorch, "_set_vmap_fallback_enabled", None)
-    if enabled is None or switch is None:  # another torch: the timing shows a slow vmap
-        yield
-        return
-    with _fallback_lock:
-        before = enabled()
-        switch(False)
-        try:
-            yield
-        finally:
-            switch(before)
 
 
 def _run_slice(ex: Executor, job: Job, stop: int) -> None:

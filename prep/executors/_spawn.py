@@ -6,7 +6,7 @@ defined there can be unpickled by name. That is what runs an unguarded
 script's top level again in every worker, what fails from stdin (the path
 ``<stdin>`` does not exist) and what cannot work from ``python -c`` or a
 notebook (there is no file). prep never needs it: functions the workers cannot
-import by name travel by value (cloudpickle, see ``processes.pickle_fn``).
+import by name travel by value (cloudpickle, see ``_transport.pickle_fn``).
 
 So prep keeps a forkserver of its own (not multiprocessing's shared one, whose
 preload list belongs to the user) that preloads only torch and the worker

@@ -29,12 +29,9 @@ a notebook, ``python -c`` or stdin; lambdas, closures, local functions).
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 import os
-import pickle
-import shutil
 import signal
 import threading
 import time
@@ -42,7 +39,6 @@ from collections import deque
 from multiprocessing import connection
 from typing import Any
 
-import cloudpickle
 import torch
 
 from .._structure import Output, SampleRows, TensorRows, flatten
@@ -55,60 +51,13 @@ from ..errors import (
     WorkerCrashed,
 )
 from . import _spawn, _worker
+from ._transport import check_shm, describe_fn, pickle_fn, shm_fits, shm_free
+
+__all__ = ["LOAD_TIMEOUT", "ProcessExecutor", "pickle_fn", "shm_fits", "shm_free"]
 from ._base import Executor, Job, iter_chunks, threads_per_worker
 
-SHM_DIR = "/dev/shm"
 #: seconds a worker may take to load the row function (importing its modules)
 LOAD_TIMEOUT = 120.0
-
-
-def describe_fn(fn: Any) -> str:
-    """``module.qualname`` of a function (or the repr of another callable)."""
-    if isinstance(fn, functools.partial):
-        return f"functools.partial({describe_fn(fn.func)}, ...)"
-    name = getattr(fn, "__qualname__", None)
-    if name is None:
-        return repr(fn)
-    return f"{getattr(fn, '__module__', None) or '?'}.{name}"
-
-
-def pickle_fn(fn: Any) -> bytes:
-    """The row function as workers load it: by name where they can import it, by
-    value (cloudpickle) where they cannot. Tensors it captures travel as copies."""
-    try:
-        return cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        raise ConfigError(
-            f"executor='processes' must send the row function {describe_fn(fn)} to its "
-            f"workers, and it cannot be pickled ({type(exc).__name__}: {exc}); it (or "
-            f"something it captures: a lock, an open file, a module-level client) must be "
-            f"picklable, or use executor='threads'"
-        ) from exc
-
-
-def shm_free() -> int | None:
-    """Bytes free in /dev/shm, or None where there is no such folder."""
-    try:
-        return shutil.disk_usage(SHM_DIR).free
-    except OSError:
-        return None
-
-
-def shm_fits(nbytes: int) -> bool:
-    """Whether ``nbytes`` fit in /dev/shm, with a margin: other processes (and torch's
-    own allocator) share it. True where there is no such folder to check."""
-    free = shm_free()
-    return free is None or nbytes <= 0.9 * free
-
-
-def _check_shm(nbytes: int, what: str) -> None:
-    if not shm_fits(nbytes):
-        free = shm_free() or 0
-        raise ExecutorUnavailable(
-            f"executor='processes' needs {nbytes / 2**20:.1f} MiB of shared memory for {what}, "
-            f"but {SHM_DIR} has {free / 2**20:.1f} MiB free; use executor='threads', smaller "
-            f"batches, or a larger /dev/shm (docker run --shm-size=...)"
-        )
 
 
 class _Worker:
@@ -301,7 +250,7 @@ class ProcessExecutor(Executor):
         if given is not None and not all(
             b.is_shared() and b.is_contiguous() for b in given.buffers
         ):
-            _check_shm(sum(b.numel() * b.element_size() for b in given.buffers), "the output")
+            check_shm(sum(b.numel() * b.element_size() for b in given.buffers), "the output")
             job.output = given.like(shared=True)  # staging; copied into out= at the end
         try:
             self._send_batch(job, shell, keys, columns)
@@ -334,7 +283,7 @@ class ProcessExecutor(Executor):
                     f"executor='threads' or 'vectorized' for a batch already on the GPU"
                 )
         needed = sum(c.numel() * c.element_size() for c in rows.columns if not c.is_shared())
-        _check_shm(needed, "the batch")
+        check_shm(needed, "the batch")
         arena, keys, columns = [], [], {}
         for j, c in enumerate(rows.columns):
             if c.is_shared() and c.is_contiguous() and c.storage_offset() == 0:
@@ -428,7 +377,7 @@ class ProcessExecutor(Executor):
         if tag == "probe":
             w.held = None
             leaves = flatten(msg[2])[1]
-            _check_shm(
+            check_shm(
                 len(job.rows) * sum(t.numel() * t.element_size() for t in leaves), "the output"
             )
             job.store(msg[1], msg[2], shared=True)
