@@ -268,14 +268,17 @@ class Pool:
         self.timeout = check_timeout(timeout)
         self._executors: dict[str, Executor] = {}
         self._closed = False
+        self._lock = threading.Lock()  # two threads' first calls build one executor
+        self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
 
     def _get(self, name: str) -> Executor:
-        if self._closed:
-            raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
-        ex = self._executors.get(name)
-        if ex is None:
-            ex = self._executors[name] = REGISTRY[name](self.workers)
-        return ex
+        with self._lock:
+            if self._closed:
+                raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
+            ex = self._executors.get(name)
+            if ex is None:
+                ex = self._executors[name] = REGISTRY[name](self.workers)
+            return ex
 
     def map_rows(self, fn: Callable[..., Any], batch: Any, *, out: Any = None) -> Result:
         """:func:`map_rows` with this pool's executor, workers, device and timeout."""
@@ -303,9 +306,14 @@ class Pool:
         return list(auto.choices().values()) if isinstance(auto, AutoExecutor) else []
 
     def close(self) -> None:
-        """Stop the pool's threads or processes. It is safe to call this several times."""
-        self._closed = True
-        executors, self._executors = self._executors, {}
+        """Stop the pool's threads or processes. It is safe to call this several times.
+        In a forked child (a DataLoader worker holding a copy of this pool) it only
+        forgets them: the workers are the parent's."""
+        with self._lock:
+            self._closed = True
+            executors, self._executors = self._executors, {}
+        if os.getpid() != self._pid:
+            return
         for ex in executors.values():
             ex.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import pytest
 import torch
@@ -307,3 +308,39 @@ def test_threads_never_change_the_callers_torch_threads_nor_new_threads_default(
         assert set(got[:, 0].tolist()) == {max(1, available_cores() // 4)}  # each worker's own
         assert torch.get_num_threads() == before
         assert new_thread_sees() == default
+
+
+def test_two_threads_first_calls_build_one_executor(no_leaks):
+    x = torch.arange(8.0).view(8, 1)
+    with prep.Pool("processes", workers=2) as pool:
+        got = {}
+        start = threading.Barrier(2)
+
+        def call(k: int) -> None:
+            start.wait()
+            got[k] = pool.map_rows(rowfns.affine, x)
+
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(pool._executors) == 1 and len(pool._get("processes").pids) == 2
+        assert all(torch.equal(v, x * 2 + 1) for v in got.values()) and len(got) == 2
+
+
+def test_a_forked_childs_close_leaves_the_parents_workers_alone():
+    import os
+
+    x = torch.arange(8.0).view(8, 1)
+    with prep.Pool("processes", workers=2) as pool:
+        pool.map_rows(rowfns.affine, x)
+        workers = pool._get("processes").pids
+        pid = os.fork()
+        if pid == 0:  # the child: its copy of the pool is closed (and garbage-collected)
+            pool.close()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.3)  # a "close" sent down the parent's pipes would have been obeyed
+        assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
+        assert pool._get("processes").pids == workers  # the same workers, never stopped

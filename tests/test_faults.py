@@ -263,3 +263,26 @@ def test_a_function_workers_cannot_load_does_not_poison_the_pool(no_leaks, tmp_p
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("gone_soon", None)
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_process_pool_while_another_thread_runs_a_batch(no_leaks):
+    pool = prep.Pool("processes", workers=2)
+    x = torch.arange(8.0).view(8, 1)
+    pool.map_rows(rowfns.affine, x)
+    failed: list[BaseException] = []
+
+    def stuck() -> None:
+        try:
+            pool.map_rows(rowfns.hang, x)  # row 1 never returns; no timeout
+        except BaseException as exc:  # the batch fails once its workers are gone
+            failed.append(exc)
+
+    t = threading.Thread(target=stuck, daemon=True)
+    t.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    pool.close()  # must not wait for the stuck batch, nor write into its pipes
+    assert time.monotonic() - start < 5
+    t.join(10)
+    assert not t.is_alive() and failed, failed

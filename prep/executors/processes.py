@@ -178,12 +178,20 @@ class ProcessExecutor(Executor):
             w.stop()
 
     def close(self) -> None:
-        for w in self._workers:  # ask first; _reset terminates whoever does not listen
-            with contextlib.suppress(OSError):
-                w.conn.send(("close",))
-        for w in self._workers:
-            w.proc.join(2)
-        self._reset()
+        # a batch running in another thread owns the pipes (prep run closes its pools on
+        # Ctrl-C): then the workers are terminated without a word, and that batch fails
+        polite = self._lock.acquire(timeout=1.0)
+        try:
+            if polite:
+                for w in self._workers:  # ask first; _reset terminates whoever does not listen
+                    with contextlib.suppress(OSError):
+                        w.conn.send(("close",))
+                for w in self._workers:
+                    w.proc.join(2)
+            self._reset()
+        finally:
+            if polite:
+                self._lock.release()
 
     @property
     def pids(self) -> list[int]:
