@@ -67,14 +67,23 @@ def rowwise(
     return mark
 
 
-def twin_of(fn: Callable[..., Any]) -> BoundTwin | None:
-    """The batched twin of ``fn`` (looking through ``functools.partial``), or None."""
+def unwrap_partial(
+    fn: Callable[..., Any],
+) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    """``fn`` with every ``functools.partial`` around it taken off: the function, and
+    the positional and keyword arguments the partials bound (outer ones win)."""
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = {}
     while isinstance(fn, functools.partial):
         args = fn.args + args
         kwargs = {**fn.keywords, **kwargs}
         fn = fn.func
+    return fn, args, kwargs
+
+
+def twin_of(fn: Callable[..., Any]) -> BoundTwin | None:
+    """The batched twin of ``fn`` (looking through ``functools.partial``), or None."""
+    fn, args, kwargs = unwrap_partial(fn)
     twin = getattr(fn, _ATTR, None)
     if twin is None:
         return None

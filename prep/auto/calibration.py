@@ -22,7 +22,6 @@ a choice is :func:`signature`.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .._rowwise import unwrap_partial
 from .._structure import Rows, TensorRows
 
 #: threads or processes are chosen over the rest only when predicted this much faster
@@ -300,11 +300,7 @@ def _value_key(v: Any) -> Any:
 def _fn_key(fn: Callable[..., Any]) -> Any:
     """Ids stay unique only while their objects live: ``Auto`` keeps ``fn`` (and with
     it everything this key names) alive for as long as it keeps the choice."""
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = {}
-    while isinstance(fn, functools.partial):
-        args, kwargs = fn.args + args, {**fn.keywords, **kwargs}
-        fn = fn.func
+    fn, args, kwargs = unwrap_partial(fn)
     if inspect.ismethod(fn):  # ``obj.method`` is a new object at every access
         fn, args = fn.__func__, (fn.__self__, *args)
     return (

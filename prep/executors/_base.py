@@ -9,6 +9,7 @@ lost a worker rebuilds itself on the next call).
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import time
@@ -92,14 +93,17 @@ class Job:
             return None
         return self.timeout - (time.monotonic() - self.started)
 
+    def timed_out(self, what_now: str) -> BatchTimeout:
+        """The error for a batch past its deadline; ``what_now`` says what was done."""
+        return BatchTimeout(
+            f"the batch of {len(self.rows)} rows did not finish within "
+            f"timeout={self.timeout} s; {what_now}"
+        )
+
     def check_deadline(self) -> None:
         left = self.remaining()
         if left is not None and left <= 0:
-            raise BatchTimeout(
-                f"the batch of {len(self.rows)} rows did not finish within "
-                f"timeout={self.timeout} s; raise the timeout or look for a row "
-                f"that hangs"
-            )
+            raise self.timed_out("raise the timeout or look for a row that hangs")
 
     def compute(self, i: int) -> Any:
         """The row function's result for row ``i``, its exception wrapped as RowError."""
@@ -160,6 +164,12 @@ class Executor(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} workers={self.workers}>"
+
+
+def first_error(errors: list[BaseException]) -> BaseException:
+    """Of the errors several workers reported, the one of the lowest row (as serial
+    would have met it first); errors without a row come last."""
+    return min(errors, key=lambda e: getattr(e, "row", math.inf))
 
 
 def iter_chunks(

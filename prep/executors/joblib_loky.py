@@ -20,9 +20,9 @@ import joblib
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from .._structure import Output
-from ..errors import BatchTimeout, StackError, WorkerCrashed
+from ..errors import StackError, WorkerCrashed
 from . import _worker
-from ._base import Executor, Job, iter_chunks
+from ._base import Executor, Job, first_error, iter_chunks
 
 
 class JoblibExecutor(Executor):
@@ -62,13 +62,11 @@ class JoblibExecutor(Executor):
             ) from exc
         except (TimeoutError, multiprocessing.TimeoutError) as exc:
             self.close()  # joblib leaves a worker stuck in a hung row running: kill them all
-            raise BatchTimeout(
-                f"the batch of {n} rows did not finish within "
-                f"timeout={job.timeout} s; joblib terminated its workers and "
-                f"starts new ones on the next call"
+            raise job.timed_out(
+                "joblib terminated its workers and starts new ones on the next call"
             ) from exc
         if errors:
-            raise min(errors, key=lambda e: getattr(e, "row", n))
+            raise first_error(errors)
         return job.output  # type: ignore[return-value]
 
     def _wait_for_workers(self, limit: float = 60.0) -> None:

@@ -54,7 +54,7 @@ from . import _spawn, _worker
 from ._transport import check_shm, describe_fn, pickle_fn, shm_fits, shm_free
 
 __all__ = ["LOAD_TIMEOUT", "ProcessExecutor", "pickle_fn", "shm_fits", "shm_free"]
-from ._base import Executor, Job, iter_chunks, threads_per_worker
+from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
 
 #: seconds a worker may take to load the row function (importing its modules)
 LOAD_TIMEOUT = 120.0
@@ -336,7 +336,7 @@ class ProcessExecutor(Executor):
                 break  # all done, or stopped after an error with nothing left in flight
             errors.extend(self._collect(job))
         if errors:
-            raise min(errors, key=lambda e: getattr(e, "row", n))
+            raise first_error(errors)
 
     def _send(self, w: _Worker, job: Job, start: int, stop: int, probe: bool = False) -> None:
         w.held = (start, stop)
@@ -355,10 +355,8 @@ class ProcessExecutor(Executor):
             held = ", ".join(
                 f"{w.held[0]}-{w.held[1] - 1} (pid {w.proc.pid})" for w in busy if w.held
             )
-            raise BatchTimeout(
-                f"the batch of {len(job.rows)} rows did not finish within "
-                f"timeout={job.timeout} s; workers still busy with rows {held} "
-                f"were terminated and will be replaced"
+            raise job.timed_out(
+                f"workers still busy with rows {held} were terminated and will be replaced"
             )
         errors = []
         for r in ready:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 import torch
 
 from .._structure import Output
-from ..errors import BatchTimeout
 from ._base import Executor, Job, iter_chunks, threads_per_worker
 
 Task = Callable[[], None]
@@ -72,7 +71,6 @@ class ThreadExecutor(Executor):
         return self._run_chunks(job, chunks)
 
     def _run_chunks(self, job: Job, chunks: list[tuple[int, int]]) -> Output:
-        n = len(job.rows)
         done: queue.SimpleQueue[tuple[int, BaseException | None]] = queue.SimpleQueue()
         stop = threading.Event()
 
@@ -97,10 +95,9 @@ class ThreadExecutor(Executor):
                     start, exc = done.get(timeout=None if left is None else max(left, 0))
                 except queue.Empty:
                     self._abandon()
-                    raise BatchTimeout(
-                        f"the batch of {n} rows did not finish within timeout={job.timeout} s; "
-                        f"threads cannot be killed, so the stuck ones were abandoned and new "
-                        f"ones started"
+                    raise job.timed_out(
+                        "threads cannot be killed, so the stuck ones were abandoned and new "
+                        "ones started"
                     ) from None
                 if exc is not None:
                     errors.append((start, exc))
