@@ -139,12 +139,6 @@ class ProcessExecutor(Executor):
             return None
         return costs.worker * self.workers
 
-    def prestart(self) -> None:
-        """Start the workers now, without waiting for them: they get ready while the
-        caller goes on, and the next batch finds them up."""
-        with self._lock:
-            self._ensure_started()
-
     def load(self, fn: Any, timeout: float | None = None) -> float:
         """Start the workers if needed and have every one load ``fn``; the seconds that
         took. Raises :class:`~prep.errors.FunctionLoadError` if a worker cannot load
