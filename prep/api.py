@@ -57,9 +57,6 @@ def _check_name(executor: str) -> str:
     return executor
 
 
-_device = check_device  # the name collate.py knows
-
-
 def _warm_executor(name: str, workers: int) -> Executor:
     key = (name, workers if REGISTRY[name].per_row else 1)
     with _warm_lock:

@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
+from ._checks import check_device
 from ._structure import Result
-from .api import AUTO, Pool, _check_name, _device, in_worker_process
-from .executors import available_cores, resolve_workers
+from .api import AUTO, Pool
+from .executors import available_cores, executor_class, in_worker_process, resolve_workers
 
 __all__ = ["Collate"]
 
@@ -65,9 +66,10 @@ class Collate:
         if not callable(fn):
             raise TypeError(f"Collate needs a callable row function, got {fn!r}")
         self.fn = fn
-        self.executor = _check_name(executor)
+        executor_class(executor)  # a ConfigError naming the choices
+        self.executor = executor
         self.workers = None if workers is None else resolve_workers(workers)
-        self.device = _device(device)
+        self.device = check_device(device)
         self.pin_memory = pin_memory
         self.collate = collate
         self._pool: Pool | None = None
