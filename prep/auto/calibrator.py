@@ -50,7 +50,7 @@ from collections.abc import Callable
 import torch
 
 from .._rowwise import twin_of
-from .._structure import Output, TensorRows, flatten
+from .._structure import Output, Rows, TensorRows, flatten
 from ..errors import ConfigError
 from ..executors._base import BLOCK, Executor, Job, available_cores, threads_per_worker
 from ..executors.processes import pickle_fn, shm_fits, shm_free
@@ -93,15 +93,11 @@ class Calibrator:
         self.allow_processes = allow_processes
         self.prior = prior
         self.cores = min(workers, available_cores())
-        self.cuda = isinstance(job.rows, TensorRows) and any(
-            c.device.type == "cuda" for c in job.rows.columns
-        )
+        self.cuda = on_cuda(job.rows)
         self._best_serial = math.inf  # seconds per row of the fastest serial block
 
     def _now(self) -> float:
-        if self.cuda:  # kernels run asynchronously: time the work, not its launch
-            torch.cuda.synchronize()
-        return time.perf_counter()
+        return now(self.cuda)
 
     def run(self) -> Calibration:
         t0 = self._now()
@@ -413,6 +409,19 @@ class Calibrator:
         cal.sample = self.job.done
         cal.seconds = self._now() - t0
         return cal
+
+
+def on_cuda(rows: Rows) -> bool:
+    """Whether the batch lives on a GPU (its timings then need a synchronize)."""
+    return isinstance(rows, TensorRows) and any(c.device.type == "cuda" for c in rows.columns)
+
+
+def now(cuda: bool) -> float:
+    """The time, once the GPU's queued kernels have run when ``cuda``: time the work,
+    not its launch."""
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def _run_slice(ex: Executor, job: Job, stop: int) -> None:

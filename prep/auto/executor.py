@@ -21,12 +21,9 @@ Before processes are used for a function, a worker must have loaded it.
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from .._rowwise import twin_of
 from .._structure import Output, TensorRows
@@ -34,7 +31,7 @@ from ..errors import ExecutorUnavailable
 from ..executors import _spawn
 from ..executors._base import Executor, Job, in_worker_process
 from .calibration import Calibration, signature
-from .calibrator import Calibrator
+from .calibrator import Calibrator, now, on_cuda
 
 __all__ = ["AutoExecutor"]
 
@@ -144,8 +141,8 @@ class AutoExecutor(Executor):
 
     def _run(self, cal: Calibration, name: str, job: Job, *, observe: bool) -> Output:
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
-        start = job.done
-        t = _now(job)
+        start, cuda = job.done, on_cuda(job.rows)
+        t = now(cuda)
         try:
             out = self._get(name).run(job)
         except ExecutorUnavailable as exc:
@@ -153,7 +150,7 @@ class AutoExecutor(Executor):
                 raise  # rows ran already: not a failure before the batch, report it
             self._fall_back(cal, name, exc)
             return self._run(cal, cal.choice, job, observe=observe)
-        took = _now(job) - t
+        took = now(cuda) - t
         with self._lock:
             cal.batches += 1
             if observe:
@@ -207,9 +204,3 @@ class AutoExecutor(Executor):
         with self._lock:
             cal.process_start = took
             cal.started_processes(took)
-
-
-def _now(job: Job) -> float:
-    if isinstance(job.rows, TensorRows) and any(c.is_cuda for c in job.rows.columns):
-        torch.cuda.synchronize()  # kernels run asynchronously: time the work, not its launch
-    return time.perf_counter()
