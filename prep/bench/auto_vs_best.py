@@ -26,7 +26,7 @@ from .grid import AUTO, AUTO_FIRST
 if TYPE_CHECKING:
     from .results import Cell, Results
 
-__all__ = ["WITHIN", "summarize"]
+__all__ = ["WITHIN", "best_executor", "executors", "ratio", "share_within", "summarize"]
 
 #: auto counts as a good pick when its time is within this factor of the winner's
 WITHIN = 1.25
@@ -41,17 +41,37 @@ def summarize(results: Results) -> dict[str, Any]:
         if (entry := _entry(key, cells, starts)) is not None
     ]
 
-    def within(field_name: str) -> float | None:
-        ratios = [e[field_name] for e in entries if e[field_name] is not None]
-        return sum(r <= WITHIN for r in ratios) / len(ratios) if ratios else None
-
     return {
         "threshold": WITHIN,
         "groups": entries,
-        "auto_within": within("auto_ratio"),
-        "auto_first_within": within("auto_first_ratio"),
-        "auto_calls_within": within("auto_calls_ratio"),
+        "auto_within": share_within(entries, "auto_ratio"),
+        "auto_first_within": share_within(entries, "auto_first_ratio"),
+        "auto_calls_within": share_within(entries, "auto_calls_ratio"),
     }
+
+
+def share_within(entries: list[dict[str, Any]], field: str, limit: float = WITHIN) -> float | None:
+    """The share of ``entries`` whose ``field`` (a ratio; None: not measured) is <= ``limit``."""
+    ratios = [e[field] for e in entries if e[field] is not None]
+    return sum(r <= limit for r in ratios) / len(ratios) if ratios else None
+
+
+def executors(cells: list[Cell]) -> list[Cell]:
+    """A group's cells of the registry's executors that have a time (auto and estimates aside)."""
+    return [
+        c
+        for c in cells
+        if c.status == "ok"
+        and c.executor in REGISTRY
+        and c.executor != AUTO
+        and c.median_s is not None
+        and not c.estimated
+    ]
+
+
+def best_executor(cells: list[Cell]) -> Cell | None:
+    """The fastest of :func:`executors`; None where none has a time."""
+    return min(executors(cells), key=lambda c: c.median_s or 0.0, default=None)
 
 
 def _entry(
@@ -61,18 +81,11 @@ def _entry(
     is missing."""
     winner = next((c for c in cells if c.winner), None)
     by_name = {c.executor: c for c in cells if c.status == "ok"}
-    execs = [
-        c
-        for c in by_name.values()
-        if c.executor in REGISTRY
-        and c.executor != AUTO
-        and c.median_s is not None
-        and not c.estimated
-    ]
+    execs = executors(cells)
+    best = best_executor(execs)
     warm, first = by_name.get(AUTO), by_name.get(AUTO_FIRST)
-    if not execs or not (warm or first):
+    if best is None or not (warm or first):
         return None
-    best = min(execs, key=lambda c: c.median_s or 0.0)
     return {
         "workload": key[0],
         "rows": key[1],
@@ -83,8 +96,8 @@ def _entry(
         "best_s": best.median_s,
         "auto_s": warm.median_s if warm else None,
         "auto_first_s": first.median_s if first else None,
-        "auto_ratio": _ratio(warm, best),
-        "auto_first_ratio": _ratio(first, best),
+        "auto_ratio": ratio(warm, best),
+        "auto_first_ratio": ratio(first, best),
         **_calls(warm, first, execs, starts),
     }
 
@@ -109,7 +122,8 @@ def _calls(
     }
 
 
-def _ratio(cell: Cell | None, best: Cell) -> float | None:
-    if cell is None or cell.median_s is None or not best.median_s:
+def ratio(cell: Cell | None, best: Cell | None) -> float | None:
+    """``cell``'s median over ``best``'s; None where either has no time."""
+    if cell is None or best is None or cell.median_s is None or not best.median_s:
         return None
     return cell.median_s / best.median_s

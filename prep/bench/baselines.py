@@ -20,8 +20,15 @@ from ..ops._checks import Number, Side, check_lengths, check_options, check_tens
 __all__ = ["loop_stack", "plain_joblib", "rows_of_batch", "side_context_loop", "stack"]
 
 
-def rows_of_batch(batch: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """``(args, kwargs)`` of each row, as a plain loop over ``batch`` would make them."""
+def rows_of_batch(
+    batch: Any, *, samples: bool = False
+) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """``(args, kwargs)`` of each row, as a plain loop over ``batch`` would make them.
+
+    ``samples=True``: ``batch`` is a list of samples for ``map_samples``, one argument each.
+    """
+    if samples:
+        return [((sample,), {}) for sample in batch]
     if isinstance(batch, torch.Tensor):
         return [((row,), {}) for row in batch]
     if isinstance(batch, (tuple, list)):
@@ -35,27 +42,35 @@ def rows_of_batch(batch: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     )
 
 
-def stack(results: list[Any]) -> Any:
-    """``torch.stack`` of row results that are Tensors, tuples or dicts of Tensors."""
+def stack(results: list[Any], join: Callable[[list[Tensor]], Tensor] = torch.stack) -> Any:
+    """``torch.stack`` of row results that are Tensors, tuples or dicts of Tensors
+    (``join=torch.cat``: of chunk results, each already stacked)."""
     first = results[0]
     if isinstance(first, torch.Tensor):
-        return torch.stack(results)
+        return join(results)
     if isinstance(first, (tuple, list)):
-        return tuple(torch.stack(list(col)) for col in zip(*results))
+        return tuple(join(list(col)) for col in zip(*results))
     if isinstance(first, dict):
-        return {k: torch.stack([r[k] for r in results]) for k in first}
+        return {k: join([r[k] for r in results]) for k in first}
     raise TypeError(
         f"the row function returned a {type(first).__name__}; the baselines stack "
         f"Tensors, tuples or dicts of Tensors only"
     )
 
 
-def loop_stack(fn: Callable[..., Any], batch: Any) -> Any:
+def loop_stack(fn: Callable[..., Any], batch: Any, *, samples: bool = False) -> Any:
     """The seed's shape: ``torch.stack([fn(*row) for row in zip(*columns)])``."""
-    return stack([fn(*args, **kwargs) for args, kwargs in rows_of_batch(batch)])
+    return stack([fn(*args, **kwargs) for args, kwargs in rows_of_batch(batch, samples=samples)])
 
 
-def plain_joblib(fn: Callable[..., Any], batch: Any, workers: int, limit: int | None = None) -> Any:
+def plain_joblib(
+    fn: Callable[..., Any],
+    batch: Any,
+    workers: int,
+    limit: int | None = None,
+    *,
+    samples: bool = False,
+) -> Any:
     """``joblib.Parallel(n_jobs=workers)(delayed(fn)(*row) for row ...)``, first ``limit`` rows.
 
     Each row is a view, and pickling a view ships its whole storage: every row
@@ -63,7 +78,7 @@ def plain_joblib(fn: Callable[..., Any], batch: Any, workers: int, limit: int | 
     """
     import joblib
 
-    rows = rows_of_batch(batch)[:limit]
+    rows = rows_of_batch(batch, samples=samples)[:limit]
     parts = joblib.Parallel(n_jobs=workers)(
         joblib.delayed(fn)(*args, **kwargs) for args, kwargs in rows
     )

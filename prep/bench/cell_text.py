@@ -1,10 +1,12 @@
-"""How a cell's figures read in a table: milliseconds, ratios, rows/s, start-up, notes."""
+"""How a cell's figures read: milliseconds, ratios, rows/s, start-up, notes, progress lines."""
 
 from __future__ import annotations
 
+import math
+
 from .results import Cell
 
-__all__ = ["ms", "note", "rate", "startup", "times"]
+__all__ = ["group_line", "ms", "note", "rate", "startup", "times"]
 
 
 def ms(seconds: float | None) -> str:
@@ -37,3 +39,19 @@ def note(cell: Cell, width: int = 70) -> str:
     """A cell's note on one line, cut to ``width`` characters."""
     text = " ".join(cell.note.split())
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def group_line(group: list[Cell]) -> str:
+    """A group's progress line: its fastest contender, and how many variants failed."""
+    head = group[0] if group else None
+    if head is None:
+        return ""
+    ok = [c for c in group if c.status == "ok" and c.contender and c.median_s is not None]
+    failed = sum(c.status == "failed" for c in group)
+    best = min(ok, key=lambda c: c.median_s or math.inf) if ok else None
+    text = f"{head.workload} rows={head.rows} workers={head.workers}: "
+    if best is not None and best.median_s is not None:
+        text += f"fastest {best.executor} {best.median_s * 1e3:.2f} ms"
+    else:
+        text += "no result"
+    return text + (f", {failed} failed" if failed else "")

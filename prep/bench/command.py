@@ -5,7 +5,9 @@ Wiring it into a CLI takes one of::
     bench.add_parser(subparsers)                                 # plain argparse
     COMMANDS["bench"] = Command(bench.HELP, bench.configure, bench.command)
 
-The handler only parses and calls :func:`prep.bench.run`. Exit codes: 0 the
+The handler only parses and calls :func:`prep.bench.run`. ``--peers`` adds the
+tools people use instead of prep (:mod:`prep.bench.peers`) to every group,
+and the real libraries' workloads to the default ones. Exit codes: 0 the
 bench ran (an executor that cannot run a workload, e.g. ``vmap`` on a row
 function that calls ``.item()``, is a finding: a failed cell in the table);
 1 a workload itself is broken (its batch factory or its serial run raised);
@@ -65,7 +67,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke test: 4 workloads, rows 8,64, one workers setting, 2 repeats (< 1 min)",
+        help="a smoke test: 4 workloads (5 with --peers), rows 8,64, one workers setting, "
+        "2 repeats (< 1 min; 2-3 min with --peers)",
     )
     p.add_argument(
         "--workloads",
@@ -103,6 +106,16 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="limit per call of a prep executor, against hangs (default: none, as in map_rows)",
     )
+    from .peers import PEERS
+
+    p.add_argument(
+        "--peers",
+        nargs="*",
+        metavar="NAME",
+        help="also time the tools people use instead of prep, warm and first call: all of "
+        f"{','.join(PEERS)}, or the NAMEs given; the default workloads then include the "
+        "real libraries' (pip install 'prep[peers]' for mpire and torchdata)",
+    )
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -122,7 +135,7 @@ def _split(values: Sequence[str] | None) -> tuple[str, ...] | None:
 
 def grid_from(args: argparse.Namespace) -> Any:
     """The :class:`~prep.bench.Grid` that ``args`` ask for."""
-    from .grid import Grid
+    from .grid import PEER_WORKLOADS, QUICK_PEER_WORKLOADS, Grid
     from .workloads import user_workload
 
     if (args.fn is None) != (args.batch is None):
@@ -135,8 +148,12 @@ def grid_from(args: argparse.Namespace) -> Any:
     workloads: tuple[Any, ...] | None = _split(args.workloads)
     if args.fn is not None:
         workloads = (*(workloads or ()), user_workload(args.fn, args.batch))
+    peers = _peers(args)
+    if peers is not None and workloads is None:
+        workloads = QUICK_PEER_WORKLOADS if args.quick else PEER_WORKLOADS
     for name, value in [
         ("workloads", workloads),
+        ("peers", peers),
         ("executors", _split(args.executors)),
         ("rows", args.rows),
         ("workers", args.workers),
@@ -148,10 +165,20 @@ def grid_from(args: argparse.Namespace) -> Any:
     return Grid.quick(**changes) if args.quick else Grid(**changes)
 
 
+def _peers(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The peers ``--peers`` names (all of them when it names none); None without it."""
+    from .peers import PEERS
+
+    given = getattr(args, "peers", None)
+    if given is None:
+        return None
+    return _split(given) or tuple(PEERS)
+
+
 def command(args: argparse.Namespace) -> int:
     """Run the bench ``args`` describe, print the table and the summary; the exit code."""
     from . import harness
-    from .report import summary, terminal_table
+    from .report import alternatives_table, summary, terminal_table
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -164,12 +191,17 @@ def command(args: argparse.Namespace) -> int:
     counts = [len(grid.workloads), len(grid.rows), len(grid.workers), len(grid.executors)]
     progress(
         "prep bench: {} workload(s) x {} rows x {} workers x {} variant(s), ".format(*counts)
+        + (f"{len(grid.peers)} peer(s), " if grid.peers else "")
         + f"{grid.repeat} repeats; writing to {args.out}"
     )
     results = harness.run(grid, out=args.out, progress=progress)
     print(terminal_table(results))
     print("\nWho wins where:")
     print("\n".join(summary(results)))
+    alternatives = alternatives_table(results)
+    if alternatives:
+        print("\nprep against the alternatives (the best peer tool, warm):")
+        print(alternatives)
     print(f"\n{results.wall_s:.0f} s; results.json, report.md and plots in {args.out}/")
     return 1 if results.broken() else 0
 

@@ -4,8 +4,10 @@ A *variant* is a way to run a workload: an executor of the registry, ``auto``
 (warm), ``auto_first`` (its first call, calibration included), or one of two
 baselines people write without prep (:mod:`prep.bench.baselines`): ``loop`` (a
 Python loop and ``torch.stack``) and ``plain_joblib`` (``joblib.Parallel`` over
-row views). :class:`Grid` names the workloads, variants, rows per batch and
-workers to time, and how often.
+row views). With ``peers``, the tools people use instead of prep
+(:mod:`prep.bench.peers`) are variants too, each warm and on its first call.
+:class:`Grid` names the workloads, variants, peers, rows per batch and workers
+to time, and how often.
 """
 
 from __future__ import annotations
@@ -16,20 +18,26 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..executors import REGISTRY, available_cores
+from .libraries import LIBRARY_WORKLOADS
+from .peers import PEERS, first_call
 from .workloads import WORKLOADS, Workload
 
 __all__ = [
     "AUTO",
     "AUTO_FIRST",
     "DEFAULT_WORKLOADS",
+    "FIRST_CALLS",
     "LABELS",
     "LOOP",
+    "PEER_WORKLOADS",
     "PLAIN_JOBLIB",
     "POOLS",
+    "QUICK_PEER_WORKLOADS",
     "QUICK_WORKLOADS",
     "Grid",
     "default_workers",
     "is_count",
+    "is_peer",
     "label",
     "uses_workers",
     "variants",
@@ -38,10 +46,14 @@ __all__ = [
 AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB = "auto", "auto_first", "loop", "plain_joblib"
 #: executors that start threads or processes, whose start-up is measured apart
 POOLS = ("threads", "processes", "joblib")
+#: first-call variants -> the warm variant they start: they are timed once, alone
+FIRST_CALLS = {AUTO_FIRST: AUTO, **{first_call(name): name for name in PEERS}}
 LABELS = {
     AUTO_FIRST: "auto (first call, calibration included)",
     LOOP: "loop + torch.stack",
     PLAIN_JOBLIB: "plain joblib.Parallel",
+    **{p.name: p.label for p in PEERS.values()},
+    **{first_call(p.name): f"{p.label} (first call)" for p in PEERS.values()},
 }
 
 DEFAULT_WORKLOADS = (
@@ -54,6 +66,9 @@ DEFAULT_WORKLOADS = (
     "side_context",
 )
 QUICK_WORKLOADS = ("python", "tokenize", "side_context_small", "sleep")
+#: with peers: prep's workloads and the real libraries' (those whose library is missing skip)
+PEER_WORKLOADS = (*DEFAULT_WORKLOADS, *LIBRARY_WORKLOADS)
+QUICK_PEER_WORKLOADS = (*QUICK_WORKLOADS, "text_re")
 
 
 def variants() -> tuple[str, ...]:
@@ -78,16 +93,23 @@ def label(name: str) -> str:
 
 def uses_workers(name: str) -> bool:
     """Whether the variant's time depends on the workers setting (serial's does not)."""
-    return name in (*POOLS, PLAIN_JOBLIB, AUTO, AUTO_FIRST)
+    return name in (*POOLS, PLAIN_JOBLIB, AUTO, AUTO_FIRST) or is_peer(name)
+
+
+def is_peer(name: str) -> bool:
+    """Whether the variant is a peer tool, warm or on its first call."""
+    return name in PEERS or FIRST_CALLS.get(name) in PEERS
 
 
 @dataclass(frozen=True)
 class Grid:
-    """Which workloads, variants, rows per batch and workers to time, and how often.
+    """Which workloads, variants, peers, rows per batch and workers to time, and how often.
 
-    ``workloads`` are names of :data:`prep.bench.workloads.WORKLOADS` or
-    :class:`~prep.bench.workloads.Workload` objects; ``timeout`` bounds each call
-    of a prep executor (seconds; None, the default, as in ``map_rows``).
+    ``workloads`` are names of :data:`prep.bench.workloads.WORKLOADS` or of
+    :data:`prep.bench.libraries.LIBRARY_WORKLOADS`, or
+    :class:`~prep.bench.workloads.Workload` objects; ``peers`` names of
+    :data:`prep.bench.peers.PEERS` (none by default); ``timeout`` bounds each call
+    of a prep executor (seconds; None, the default, as in ``map_rows``), not a peer's.
     """
 
     workloads: tuple[str | Workload, ...] = DEFAULT_WORKLOADS
@@ -98,6 +120,7 @@ class Grid:
     # None, as users call map_rows: a timeout changes how some executors run (joblib warms
     # its workers first), so it would time something users do not get
     timeout: float | None = None
+    peers: tuple[str, ...] = ()
 
     @classmethod
     def quick(cls, **changes: Any) -> Grid:
@@ -124,12 +147,13 @@ class Grid:
             raise ConfigError(
                 f"executors {', '.join(map(repr, bad))} unknown; choose from {', '.join(known)}"
             )
-        bad = [w for w in self.workloads if not isinstance(w, Workload) and w not in WORKLOADS]
+        bad = [w for w in self.workloads if not isinstance(w, Workload) and w not in _NAMED]
         if bad:
             raise ConfigError(
                 f"workloads {', '.join(map(repr, bad))} unknown; choose from "
-                f"{', '.join(WORKLOADS)}, or give your own with --fn and --batch"
+                f"{', '.join(_NAMED)}, or give your own with --fn and --batch"
             )
+        self._check_peers()
         for name in ("rows", "workers"):
             bad = [n for n in getattr(self, name) if not is_count(n)]
             if bad:
@@ -139,9 +163,19 @@ class Grid:
         if self.timeout is not None and not self.timeout > 0:
             raise ConfigError(f"timeout={self.timeout!r} must be > 0 seconds, or None")
 
+    def _check_peers(self) -> None:
+        if isinstance(self.peers, str) or not isinstance(self.peers, Sequence):
+            raise ConfigError(f"Grid(peers={self.peers!r}) needs a list or tuple of names")
+        object.__setattr__(self, "peers", tuple(dict.fromkeys(self.peers)))
+        bad = [p for p in self.peers if p not in PEERS]
+        if bad:
+            raise ConfigError(
+                f"peers {', '.join(map(repr, bad))} unknown; choose from {', '.join(PEERS)}"
+            )
+
     def resolved(self) -> list[Workload]:
         """The workloads as objects, in order."""
-        return [w if isinstance(w, Workload) else WORKLOADS[w] for w in self.workloads]
+        return [w if isinstance(w, Workload) else _NAMED[w] for w in self.workloads]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,4 +185,8 @@ class Grid:
             "workers": list(self.workers),
             "repeat": self.repeat,
             "timeout_s": self.timeout,
+            "peers": list(self.peers),
         }
+
+
+_NAMED: dict[str, Workload] = {**WORKLOADS, **LIBRARY_WORKLOADS}

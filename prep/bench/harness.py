@@ -4,9 +4,11 @@
          ─▶ for each workload x rows: the batch (made once) and serial's result
              └▶ for each workers: a group of variants
                   one checked call per variant (raises, or differs from serial: failed)
-                  auto's first call on a fresh pool, timed alone (calibration included)
+                  auto's first call on a fresh pool, timed alone (calibration included),
+                  then each peer's on a fresh pool of its tool (start-up included)
                   interleaved repeats (prep.bench.interleaved) ─▶ one Cell per variant
-         ─▶ Results: winners, auto vs best, environment; report.py and plots.py draw it
+         ─▶ Results: winners, auto vs best, peers vs prep, environment; report.py and
+            plots.py draw it
 
 Nothing here aborts the run: a workload whose batch cannot be made, or a variant
 that raises, becomes failed cells carrying the error text.
@@ -15,13 +17,15 @@ that raises, becomes failed cells carrying the error text.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import gc
 import math
 import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,10 @@ from .. import api
 from .._rowwise import twin_of
 from .._system import info
 from .baselines import loop_stack, plain_joblib
-from .grid import AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB, POOLS, Grid
+from .cell_text import group_line
+from .grid import AUTO, AUTO_FIRST, FIRST_CALLS, LOOP, PEER_WORKLOADS, PLAIN_JOBLIB, POOLS, Grid
+from .libraries import call, is_samples, unavailable
+from .peers import PEERS, PeerGroup, first_call, session
 from .results import Cell, Results, Startup, breakdown
 from .timing import Timing, interleaved
 from .verify import Guard, check, nbytes, text
@@ -49,13 +56,20 @@ Progress = Callable[[str], None]
 
 
 def run(
-    grid: Grid | None = None, *, out: str | Path | None = None, progress: Progress | None = None
+    grid: Grid | None = None,
+    *,
+    out: str | Path | None = None,
+    progress: Progress | None = None,
+    peers: bool | Sequence[str] = False,
 ) -> Results:
     """Time every executor of ``grid`` on every workload, rows and workers; see :class:`Grid`.
 
     With ``out`` the table, ``results.json``, ``report.md`` and the PNGs are
     written there too; ``progress`` gets one line per group as it finishes.
-    It ends with :func:`prep.shutdown`, closing ``map_rows``' warm pools.
+    ``peers=True`` times every peer of :mod:`prep.bench.peers` beside them (a list:
+    those), on the real libraries' workloads too where ``grid`` is not given.
+    It ends with :func:`prep.shutdown`, closing ``map_rows``' warm pools; every
+    peer's pool is closed with its group.
 
     >>> from prep.bench import Grid, run
     >>> res = run(Grid(workloads=("noop",), executors=("serial", "threads"), rows=(8,),
@@ -63,13 +77,13 @@ def run(
     >>> [c.executor for c in res.cells]
     ['serial', 'threads']
     """
-    grid = grid or Grid()
+    grid = _with_peers(grid, peers)
     say = progress or (lambda line: None)
     began = time.perf_counter()
     load_before = _load()
     cells: list[Cell] = []
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), session() if grid.peers else contextlib.nullcontext():
             # joblib says so on every call with n_jobs=1, where the timeout has nothing to bound
             warnings.filterwarnings("ignore", "The backend class 'SequentialBackend'", UserWarning)
             startup = _startup(grid, say)
@@ -94,6 +108,15 @@ def run(
 
         write(results, Path(out), note=say)
     return results
+
+
+def _with_peers(grid: Grid | None, peers: bool | Sequence[str]) -> Grid:
+    """``grid`` (default: :class:`Grid`, with the library workloads if peers are asked
+    for) with the peers ``peers`` names (True: all of them; False: the grid's own)."""
+    names = tuple(PEERS) if peers is True else tuple(peers or ())
+    if grid is None:
+        return Grid(workloads=PEER_WORKLOADS, peers=names) if names else Grid()
+    return dataclasses.replace(grid, peers=names) if names else grid
 
 
 def _load() -> list[float] | None:
@@ -140,20 +163,21 @@ def _workload_rows(
     workload: Workload, rows: int, grid: Grid, startup: list[Startup], say: Progress
 ) -> list[Cell]:
     names = _names(workload, grid)
-    try:
-        batch = workload.batch(rows)
-    except Exception as exc:
-        error = f"the batch factory failed: {text(exc)}"
-        say(f"{workload.name} rows={rows}: FAILED ({error})")
+    status, error = "skipped", unavailable(workload)
+    if not error:
+        try:
+            batch = workload.batch(rows)
+        except Exception as exc:
+            status, error = "failed", f"the batch factory failed: {text(exc)}"
+    if error:
+        say(f"{workload.name} rows={rows}: {status.upper()} ({error})")
         return [
-            Cell(workload.name, rows, w, n, "failed", note=error)
-            for w in grid.workers
-            for n in names
+            Cell(workload.name, rows, w, n, status, note=error) for w in grid.workers for n in names
         ]
     reference: Any = None
     # if serial raises, its cell says so; the other variants then go unchecked
     with contextlib.suppress(Exception):
-        reference = api.map_rows(workload.fn, batch, executor="serial", timeout=grid.timeout)
+        reference = _mapper(workload)(workload.fn, batch, executor="serial", timeout=grid.timeout)
     sizes = (nbytes(batch), nbytes(reference))
     cells: list[Cell] = []
     for workers in grid.workers:
@@ -161,22 +185,31 @@ def _workload_rows(
             _Group(workload, batch, rows, workers, grid, reference, sizes), names, startup
         )
         cells += group
-        say(_progress_line(group))
+        say(group_line(group))
     del batch, reference
     gc.collect()  # big batches: free them before the next one is made
     return cells
 
 
 def _names(workload: Workload, grid: Grid) -> list[str]:
-    """The variants run for this workload, in the grid's order (auto's first call first)."""
+    """The variants run for this workload, in the grid's order (first calls first), peers last."""
     names = []
     for name in grid.executors:
         if name == "vectorized" and twin_of(workload.fn) is None:
             continue  # no batched twin: nothing to vectorize
+        if name in ("vectorized", "vmap") and is_samples(workload):
+            continue  # a list of samples has no batched form
         if name == AUTO:
             names.append(AUTO_FIRST)
         names.append(name)
+    for peer in grid.peers:
+        names += [first_call(peer), peer]
     return names
+
+
+def _mapper(workload: Workload) -> Callable[..., Any]:
+    """``map_samples`` for a workload whose batch is a list of samples, else ``map_rows``."""
+    return api.map_samples if is_samples(workload) else api.map_rows
 
 
 @dataclass
@@ -199,9 +232,15 @@ class _Group:
 
 
 def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
-    """One Cell per variant in ``names``; auto runs on a fresh ``prep.Pool`` of its own."""
-    auto_pool = api.Pool(AUTO, workers=g.workers, timeout=g.grid.timeout) if AUTO in names else None
-    try:
+    """One Cell per variant in ``names``; auto runs on a fresh ``prep.Pool`` of its own, and
+    each peer on a fresh pool of its tool, all closed when the group is done."""
+    with contextlib.ExitStack() as stack:
+        auto_pool = None
+        if AUTO in names:
+            auto_pool = api.Pool(AUTO, workers=g.workers, timeout=g.grid.timeout)
+            stack.callback(auto_pool.close)
+        peers = PeerGroup(g.grid.peers, g.workload, g.batch, g.workers)
+        stack.callback(peers.close)
         variants, naive_rows = _variants(g, names, auto_pool)
         for name in list(variants):
             if name == AUTO:
@@ -213,16 +252,7 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
             if error:
                 g.put(name, "failed", error)
                 del variants[name]
-        first_call: float | None = None
-        if auto_pool is not None:
-            # a fresh pool has calibrated nothing and started nothing: its first call is
-            # auto's true first call. It runs after the others' first calls, so what a
-            # process pays once (vmap's or a twin's first call) falls on no variant
-            timed: list[float] = []
-            error = check(variants[AUTO], g.reference, g.rows, timed)
-            first_call = timed[0] if timed else None
-            if error:
-                g.put(AUTO_FIRST, "failed", error)
+        firsts = _first_calls(g, variants, peers)
         timings = _timed(g, variants)
         serial = timings["serial"].median if "serial" in timings else None
         for name, timing in timings.items():
@@ -234,43 +264,74 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
                     f"{g.sizes[0] / 2**20:.1f} MB batch), scaled to {g.rows}"
                 )
             g.cells[name] = _cell(g, name, timing, scale, serial, note)
-        if first_call is not None and AUTO_FIRST not in g.cells:
-            once = Timing(first_call, first_call, first_call, (first_call,))
-            g.cells[AUTO_FIRST] = _cell(g, AUTO_FIRST, once, 1.0, serial, "")
-            g.cells[AUTO_FIRST].spread = None  # one call: no spread to speak of
+        for name, seconds in firsts.items():
+            g.cells[name] = _cell(
+                g, name, Timing(seconds, seconds, seconds, (seconds,)), 1.0, serial, ""
+            )
+            g.cells[name].spread = None  # one call: no spread to speak of
         if auto_pool is not None:
             _note_choice(g, auto_pool)
-    finally:
-        if auto_pool is not None:
-            auto_pool.close()
     for cell in g.cells.values():
         breakdown(cell, serial, g.sizes, startup, g.cells)
     return [g.cells[n] for n in names if n in g.cells]
 
 
+def _first_calls(
+    g: _Group, variants: dict[str, Callable[[], Any]], peers: PeerGroup
+) -> dict[str, float]:
+    """The first calls, each timed alone and checked: auto's on its fresh pool, then each
+    peer's, its pool's start-up included. Their seconds, by first-call name; a peer that
+    passes joins ``variants``, one that fails is two failed cells.
+
+    A fresh pool has calibrated nothing and started nothing: auto's first call is its
+    true first call. It runs after the others' untimed first calls, so what a process
+    pays once (vmap's or a twin's first call) falls on no variant.
+    """
+    calls = {AUTO_FIRST: variants[AUTO]} if AUTO in variants else {}
+    calls |= {first_call(name): run for name, run in peers.calls().items()}
+    for name, reason in peers.skipped.items():
+        g.put(name, "skipped", reason)
+    firsts: dict[str, float] = {}
+    for name, run in calls.items():
+        timed: list[float] = []
+        error = check(run, g.reference, g.rows, timed)
+        warm = FIRST_CALLS[name]
+        if error:
+            g.put(name, "failed", error)
+            if warm != AUTO:  # auto's warm calls are timed regardless, as ever
+                g.put(warm, "failed", error)
+            continue
+        firsts[name] = timed[0]
+        variants.setdefault(warm, run)
+    return firsts
+
+
 def _variants(
     g: _Group, names: list[str], auto_pool: api.Pool | None
 ) -> tuple[dict[str, Callable[[], Any]], int]:
-    """A zero-argument call per variant, and the rows plain joblib is timed on."""
-    fn, batch, workers, timeout = g.workload.fn, g.batch, g.workers, g.grid.timeout
+    """A zero-argument call per variant of prep's, and the rows plain joblib is timed on."""
+    w, batch, workers, timeout = g.workload, g.batch, g.workers, g.grid.timeout
+    samples = is_samples(w)
     variants: dict[str, Callable[[], Any]] = {}
     naive_rows = g.rows
     for name in names:
-        if name == AUTO_FIRST:
-            continue
+        if name in FIRST_CALLS or name in PEERS:
+            continue  # timed by _first_calls, peers on their own pools
         if name == AUTO and auto_pool is not None:
-            variants[name] = lambda: auto_pool.map_rows(fn, batch)
+            variants[name] = lambda: call(auto_pool, w, batch)
         elif name == PLAIN_JOBLIB:
             naive_rows, reason = _naive_plan(g.rows, g.sizes[0])
             if reason:
                 g.put(name, "skipped", reason)
                 continue
-            variants[name] = lambda k=naive_rows: plain_joblib(fn, batch, workers, k)
+            variants[name] = functools.partial(
+                plain_joblib, w.fn, batch, workers, naive_rows, samples=samples
+            )
         elif name == LOOP:
-            variants[name] = lambda: loop_stack(fn, batch)
+            variants[name] = lambda: loop_stack(w.fn, batch, samples=samples)
         else:
-            variants[name] = lambda n=name: api.map_rows(
-                fn, batch, executor=n, workers=workers, timeout=timeout
+            variants[name] = functools.partial(
+                _mapper(w), w.fn, batch, executor=name, workers=workers, timeout=timeout
             )
     return variants, naive_rows
 
@@ -331,18 +392,3 @@ def _cell(
         estimated=scale != 1.0,
         note=note,
     )
-
-
-def _progress_line(group: list[Cell]) -> str:
-    head = group[0] if group else None
-    if head is None:
-        return ""
-    ok = [c for c in group if c.status == "ok" and c.contender and c.median_s is not None]
-    failed = sum(c.status == "failed" for c in group)
-    best = min(ok, key=lambda c: c.median_s or math.inf) if ok else None
-    text = f"{head.workload} rows={head.rows} workers={head.workers}: "
-    if best is not None and best.median_s is not None:
-        text += f"fastest {best.executor} {best.median_s * 1e3:.2f} ms"
-    else:
-        text += "no result"
-    return text + (f", {failed} failed" if failed else "")

@@ -50,7 +50,10 @@ __all__ = [
     "LibraryWorkload",
     "available",
     "call",
+    "is_samples",
+    "missing",
     "texts",
+    "unavailable",
 ]
 
 
@@ -72,9 +75,19 @@ def call(pool_or_prep: Any, workload: Workload, batch: Any) -> Any:
     ``pool_or_prep`` is a :class:`prep.Pool` (or the ``prep`` module itself, for
     the pool-less functions with their default executor).
     """
-    if getattr(workload, "samples", False):
+    if is_samples(workload):
         return pool_or_prep.map_samples(workload.fn, batch)
     return pool_or_prep.map_rows(workload.fn, batch)
+
+
+def is_samples(workload: Workload) -> bool:
+    """Whether ``workload``'s batch is a list of samples (``map_samples``), not tensors."""
+    return bool(getattr(workload, "samples", False))
+
+
+def unavailable(workload: Workload) -> str:
+    """Why ``workload`` cannot run here (a module it requires does not import), or ''."""
+    return missing(getattr(workload, "requires", ()))
 
 
 # ---------------------------------------------------------------- PIL augmentation
@@ -327,7 +340,7 @@ def available(
     skipped: dict[str, str] = {}
     for name in names if names is not None else list(LIBRARY_WORKLOADS):
         w = LIBRARY_WORKLOADS[name]
-        reason = _missing(w.requires)
+        reason = missing(w.requires)
         if reason:
             skipped[name] = reason
         else:
@@ -344,5 +357,6 @@ def _importable(module: str) -> str:
     return ""
 
 
-def _missing(modules: tuple[str, ...]) -> str:
+def missing(modules: Sequence[str]) -> str:
+    """Why ``modules`` cannot all be imported here ('' if they can): one reason each."""
     return "; ".join(r for r in map(_importable, modules) if r)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .grid import AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB, label, uses_workers
+from .grid import AUTO, FIRST_CALLS, LOOP, PLAIN_JOBLIB, label, uses_workers
+from .peers import PEERS
 from .results import Cell, Results
 
 __all__ = ["COLORS", "draw"]
@@ -29,9 +30,19 @@ COLORS = {
     AUTO: "#9467bd",
     LOOP: "#8c564b",
     PLAIN_JOBLIB: "#e377c2",
+    # the peers (prep bench --peers), dash-dotted
+    "mp_pool": "#aec7e8",
+    "cf_processes": "#ff9896",
+    "cf_threads": "#98df8a",
+    "joblib_loky": "#ffbb78",
+    "mpire": "#c5b0d5",
+    "torchdata_threads": "#c49c94",
+    "torchdata_processes": "#f7b6d2",
+    "dataloader": "#7f7f7f",
 }
 _OTHER = "#17becf"
 _STYLE = {AUTO: ":", LOOP: "--", PLAIN_JOBLIB: "--"}
+_PEER_STYLE = "-."
 
 
 def _matplotlib() -> tuple[Any, Any, Any] | None:
@@ -79,7 +90,7 @@ def _throughput(results: Results, path: Path, mpl: tuple[Any, Any, Any]) -> Path
     for ax, workload in zip(axes, workloads):
         lines: dict[str, list[Cell]] = {}
         for c in results.cells:
-            ok = c.status == "ok" and c.rows_per_s is not None and c.executor != AUTO_FIRST
+            ok = c.status == "ok" and c.rows_per_s is not None and c.executor not in FIRST_CALLS
             if ok and c.workload == workload and c.workers == workers:
                 lines.setdefault(c.executor, []).append(c)
         for name, cells in lines.items():
@@ -87,7 +98,7 @@ def _throughput(results: Results, path: Path, mpl: tuple[Any, Any, Any]) -> Path
             (line,) = ax.plot(
                 [c.rows for c in cells],
                 [c.rows_per_s for c in cells],
-                _STYLE.get(name, "-"),
+                _STYLE.get(name, _PEER_STYLE if name in PEERS else "-"),
                 marker="o",
                 markersize=4,
                 color=COLORS.get(name, _OTHER),

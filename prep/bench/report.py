@@ -4,7 +4,8 @@
 
     results.json   every figure, the grid and the environment (Results.to_dict)
     table.txt      the terminal table: one row per cell, the winner of each group starred
-    report.md      environment, summary of who wins where, auto vs the winner, the tables
+    report.md      environment, summary of who wins where, auto vs the winner, prep
+                   against the alternatives (with --peers), the tables
     throughput.png rows/s against rows per batch, one panel per workload (needs matplotlib)
     winners.png    the fastest variant for each workload and rows per batch
 """
@@ -14,14 +15,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .cell_text import ms, note, rate, startup, times
 from .grid import AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB, label
+from .peers import NOTES as PEER_NOTES
 from .results import Cell, Results
 from .summary import summary
 from .timing import table
 
-__all__ = ["markdown", "summary", "terminal_table", "write"]
+__all__ = ["alternatives_table", "markdown", "summary", "terminal_table", "write"]
 
 
 def terminal_table(results: Results) -> str:
@@ -104,8 +107,8 @@ def markdown(results: Results, plots: list[str] | None = None) -> str:
     out += [
         "",
         f"Grid: workloads {', '.join(grid['workloads'])}; variants {', '.join(grid['executors'])}; "
-        f"rows {grid['rows']}; workers {grid['workers']}; {grid['repeat']} interleaved repeats "
-        f"per cell (median; spread = (max - min) / median).",
+        f"{_peers_text(grid)}rows {grid['rows']}; workers {grid['workers']}; {grid['repeat']} "
+        f"interleaved repeats per cell (median; spread = (max - min) / median).",
         "",
         "## Who wins where",
         "",
@@ -113,11 +116,86 @@ def markdown(results: Results, plots: list[str] | None = None) -> str:
         "",
     ]
     out += [f"![{p}]({p})" for p in plots or []]
-    out += _auto_section(results) + _startup_section(results)
+    out += _auto_section(results) + _alternatives_section(results) + _startup_section(results)
     for workload, about in results.workloads.items():
         out += ["", f"## {workload}", "", about, "", _workload_table(results, workload)]
     out += ["", "## How to read this", "", *NOTES]
+    if results.grid.get("peers"):
+        out += PEER_NOTES
     return "\n".join(out) + "\n"
+
+
+#: a column of a table with a row per group: its header, the entry's field, how it reads
+Column = tuple[str, str, Callable[[Any], str]]
+
+
+def _name(variant: str | None) -> str:
+    return label(variant) if variant else "-"
+
+
+_GROUP: list[Column] = [
+    ("workload", "workload", str),
+    ("rows", "rows", str),
+    ("workers", "workers", str),
+]
+_AUTO: list[Column] = [
+    *_GROUP,
+    ("winner", "winner", _name),
+    ("best executor", "best", _name),
+    ("best ms", "best_s", ms),
+    ("auto ms", "auto_s", ms),
+    ("auto/best", "auto_ratio", times),
+    ("auto first call ms", "auto_first_s", ms),
+    ("first/best", "auto_first_ratio", times),
+    ("auto, N calls ms", "auto_calls_s", ms),
+    ("best, N calls + start-up ms", "best_calls_s", ms),
+    ("N calls/best", "auto_calls_ratio", times),
+]
+_ALTERNATIVES: list[Column] = [
+    *_GROUP,
+    ("best peer", "best_peer", _name),
+    ("peer ms", "best_peer_s", ms),
+    ("prep's best executor", "best", _name),
+    ("prep ms", "best_s", ms),
+    ("prep/peer", "best_ratio", times),
+    ("auto ms", "auto_s", ms),
+    ("auto/peer", "auto_ratio", times),
+]
+
+
+def _groups_table(groups: list[dict[str, Any]], columns: list[Column]) -> str:
+    """A markdown table of per-group entries (auto_vs_best's, alternatives'), one row each."""
+    body = [[show(g[key]) for _, key, show in columns] for g in groups]
+    return table(body, [header for header, _, _ in columns])
+
+
+def _peers_text(grid: dict[str, object]) -> str:
+    peers = grid.get("peers")
+    return f"peers {', '.join(peers)}; " if isinstance(peers, list) and peers else ""
+
+
+def alternatives_table(results: Results) -> str | None:
+    """prep's best executor and auto against the best peer, group by group (None: no peer ran)."""
+    found = results.peers_summary()
+    return _groups_table(found["groups"], _ALTERNATIVES) if found["groups"] else None
+
+
+def _alternatives_section(results: Results) -> list[str]:
+    """The table of prep against the best peer ([] where no peer ran)."""
+    text = alternatives_table(results)
+    skipped = results.peers_summary()["skipped"]
+    if text is None and not skipped:
+        return []
+    out = ["", "## prep against the alternatives", ""]
+    out += [
+        "The fastest peer tool (warm; see the notes at the end for how each is used) "
+        "against prep's fastest executor and auto, warm, on the same batches in the same "
+        "interleaved repeats; below 1x, prep is faster.",
+        "",
+    ]
+    out += [text, ""] if text else []
+    out += [f"- {label(name)}: {why}" for name, why in skipped.items()]
+    return out + ([""] if skipped else [])
 
 
 def _auto_section(results: Results) -> list[str]:
@@ -125,27 +203,6 @@ def _auto_section(results: Results) -> list[str]:
     auto = results.auto_summary()
     if not auto["groups"]:
         return []
-    body = [
-        [
-            g["workload"],
-            str(g["rows"]),
-            str(g["workers"]),
-            label(g["winner"]) if g["winner"] else "-",
-            label(g["best"]),
-            ms(g["best_s"]),
-            ms(g["auto_s"]),
-            times(g["auto_ratio"]),
-            ms(g["auto_first_s"]),
-            times(g["auto_first_ratio"]),
-            ms(g["auto_calls_s"]),
-            ms(g["best_calls_s"]),
-            times(g["auto_calls_ratio"]),
-        ]
-        for g in auto["groups"]
-    ]
-    header = ["workload", "rows", "workers", "winner", "best executor", "best ms"]
-    header += ["auto ms", "auto/best", "auto first call ms", "first/best"]
-    header += ["auto, N calls ms", "best, N calls + start-up ms", "N calls/best"]
     calls = next((g["calls"] for g in auto["groups"] if g["calls"]), None)
     return [
         "",
@@ -155,7 +212,7 @@ def _auto_section(results: Results) -> list[str]:
         f"warm median, against the best executor's median times N plus its pool's "
         f"start-up.",
         "",
-        table(body, header),
+        _groups_table(auto["groups"], _AUTO),
         "",
     ]
 

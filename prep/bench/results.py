@@ -3,7 +3,7 @@
 A *group* is one workload at one rows-per-batch and one workers setting (the
 variants and the grid are :mod:`prep.bench.grid`'s); its *winner* is the
 contender with the lowest median (auto is judged against it, not a contender,
-and neither is an estimated cell).
+and neither is a first call or an estimated cell; the peers are contenders).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..executors import available_cores
+from .alternatives import against_peers
 from .auto_vs_best import summarize
-from .grid import AUTO, AUTO_FIRST, PLAIN_JOBLIB, POOLS, label
+from .grid import AUTO, AUTO_FIRST, FIRST_CALLS, PLAIN_JOBLIB, POOLS, label
+from .peers import PEERS as PEER_NAMES
 
 __all__ = ["SCHEMA", "Cell", "Results", "Startup", "breakdown"]
 
@@ -55,8 +57,8 @@ class Cell:
 
     @property
     def contender(self) -> bool:
-        """Whether it competes for the group's winner (auto and estimates do not)."""
-        return self.executor not in (AUTO, AUTO_FIRST) and not self.estimated
+        """Whether it competes for the group's winner (auto, first calls and estimates do not)."""
+        return self.executor != AUTO and self.executor not in FIRST_CALLS and not self.estimated
 
     @property
     def label(self) -> str:
@@ -115,11 +117,15 @@ class Results:
                 cell.winner = cell is best
 
     def broken(self) -> list[tuple[str, int, int]]:
-        """Groups whose workload itself failed: no cell ran, or serial raised."""
+        """Groups whose workload itself failed: no cell ran, or serial raised (a workload
+        skipped for a library missing here is not broken)."""
         return [
             key
             for key, cells in self.groups()
-            if all(c.status != "ok" for c in cells)
+            if (
+                all(c.status == "failed" for c in cells if c.status != "skipped")
+                and any(c.status == "failed" for c in cells)
+            )
             or any(c.executor == "serial" and c.status == "failed" for c in cells)
         ]
 
@@ -130,19 +136,25 @@ class Results:
         """auto against the best executor, per group: :func:`prep.bench.auto_vs_best.summarize`."""
         return summarize(self)
 
+    def peers_summary(self) -> dict[str, Any]:
+        """prep against the best peer, per group: :func:`prep.bench.alternatives.against_peers`."""
+        return against_peers(self)
+
     def to_dict(self) -> dict[str, Any]:
-        return _finite(
-            {
-                "schema": SCHEMA,
-                "environment": self.environment,
-                "grid": self.grid,
-                "workloads": self.workloads,
-                "wall_s": self.wall_s,
-                "startup": [s.to_dict() for s in self.startup],
-                "cells": [c.to_dict() for c in self.cells],
-                "auto": self.auto_summary(),
-            }
-        )
+        """Everything as JSON types; ``peers`` only where the grid had peers."""
+        found = {
+            "schema": SCHEMA,
+            "environment": self.environment,
+            "grid": self.grid,
+            "workloads": self.workloads,
+            "wall_s": self.wall_s,
+            "startup": [s.to_dict() for s in self.startup],
+            "cells": [c.to_dict() for c in self.cells],
+            "auto": self.auto_summary(),
+        }
+        if self.grid.get("peers"):
+            found["peers"] = self.peers_summary()
+        return _finite(found)
 
 
 def breakdown(
@@ -155,7 +167,8 @@ def breakdown(
     """Where the time goes, as far as it can be seen from outside the executor.
 
     The executors report no dispatch/compute/transfer split, so: start-up is the
-    probe's, compute is serial's time split evenly over the workers (an ideal),
+    probe's (a first call's: its excess over the warm median), compute is
+    serial's time split evenly over the workers (an ideal),
     overhead is the rest, and bytes moved follow from each executor's design.
     """
     if cell.status != "ok" or cell.median_s is None:
@@ -167,13 +180,15 @@ def breakdown(
         parts["startup_s"] = found[0].startup_s
         if serial is not None and cell.median_s < serial:
             parts["calls_to_repay_startup"] = found[0].startup_s / (serial - cell.median_s)
-    if name in (*POOLS, PLAIN_JOBLIB) and serial is not None:
+    if (name in (*POOLS, PLAIN_JOBLIB) or name in PEER_NAMES) and serial is not None:
         share = serial / min(workers, available_cores())  # more workers than cores share them
         parts["compute_est_s"] = share
         parts["overhead_est_s"] = cell.median_s - share
-    if name == AUTO_FIRST and done.get(AUTO) and done[AUTO].median_s is not None:
+    warm = done.get(FIRST_CALLS.get(name, ""))
+    if warm is not None and warm.median_s is not None:
         # below the noise of the warm calls it comes out negative: call that nothing
-        parts["calibration_s"] = max(0.0, cell.median_s - done[AUTO].median_s)  # type: ignore[operator]
+        extra = max(0.0, cell.median_s - warm.median_s)
+        parts["calibration_s" if name == AUTO_FIRST else "startup_s"] = extra
     batch_bytes, out_bytes = sizes
     # processes copy into shared memory and back even with 1 worker; joblib pickles each
     # chunk once each way, but with n_jobs=1 runs in this process and moves nothing

@@ -6,6 +6,8 @@ reason a variant won), so the summary reads without the tables.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .auto_vs_best import WITHIN
 from .cell_text import ms, note
 from .grid import LOOP, PLAIN_JOBLIB, POOLS, label, uses_workers
@@ -175,6 +177,32 @@ def _auto_line(results: Results) -> str | None:
     return text + "."
 
 
+def _peers_line(results: Results) -> str | None:
+    """prep against the best peer tool: in how many groups it keeps up, and the worst one."""
+    found = results.peers_summary()
+    groups = [g for g in found["groups"] if g["best_ratio"] is not None]
+    if not groups:
+        return None
+    n = len(groups)
+    kept = round(found["best_at_most_peer"] * n)
+    text = (
+        f"- Against the best peer tool, prep's best executor is as fast or faster in "
+        f"{kept} of {n} groups"
+    )
+    if found["auto_at_most_peer"] is not None:
+        text += f", auto (warm) in {round(found['auto_at_most_peer'] * n)}"
+
+    def where(g: dict[str, Any]) -> str:
+        return f"{g['workload']}, {g['rows']} rows, against {label(g['best_peer'])}"
+
+    lo = min(groups, key=lambda g: g["best_ratio"])
+    hi = max(groups, key=lambda g: g["best_ratio"])
+    text += f"; prep's time is {lo['best_ratio']:.2f}x the peer's ({where(lo)})"
+    if hi is not lo:
+        text += f" to {hi['best_ratio']:.2f}x ({where(hi)})"
+    return text + "."
+
+
 def _startup_line(results: Results) -> str | None:
     found = [s for s in results.startup if s.startup_s is not None]
     if not found:
@@ -188,6 +216,7 @@ def summary(results: Results) -> list[str]:
     """Who wins where, with figures: one markdown bullet per workload, then the rest."""
     lines = [_workload_line(results, w) for w in results.workloads]
     lines += [_vectorized_line(results), _naive_line(results), _auto_line(results)]
+    lines.append(_peers_line(results))
     lines.append(_startup_line(results))
     lines += _failure_lines(results)
     return [line for line in lines if line]
