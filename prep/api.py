@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from ._checks import check_device, check_timeout
-from ._structure import Output, Result, Rows, SampleRows, TensorRows, rows_of
+from ._output import Output, Result
+from ._rows import Rows, SampleRows, rows_of
 from .auto import AutoExecutor, Calibration, Calibrator
 from .errors import ConfigError
 from .executors import REGISTRY, Executor, Job, executor_class, in_worker_process, resolve_workers
@@ -93,12 +94,6 @@ def _forget_inherited_pools() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_pools)
 
 
-def _batch_device(rows: Rows) -> torch.device:
-    if isinstance(rows, TensorRows):
-        return rows.columns[0].device
-    return torch.device("cpu")
-
-
 def _run(
     ex: Executor,
     fn: Callable[..., Any],
@@ -113,7 +108,7 @@ def _run(
     given = Output.given(out, n) if out is not None else None
     if n == 0 and given is not None:
         return given.result()
-    home = _batch_device(rows)
+    home = rows.device
     bound_for_cuda = device is not None and device.type == "cuda" and home.type == "cpu"
     staging = given
     if given is not None and any(b.device != home for b in given.buffers):

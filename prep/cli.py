@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -170,9 +169,6 @@ def _run(ns: argparse.Namespace) -> int:
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
         raise UsageError(f"--arg {', '.join(dupes)} given more than once")
-    # `python -m prep` can import --fn modules from the current folder; the `prep` script too
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     config = RunConfig(
         fn=ns.fn,
         args=dict(ns.arg),

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ._checks import check_device
-from ._structure import Result
+from ._output import Result
 from .api import AUTO, Pool
 from .executors import available_cores, executor_class, in_worker_process, resolve_workers
 

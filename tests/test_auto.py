@@ -244,7 +244,7 @@ def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_no
     import prep.auto
 
     # whether vmap beats serial by more than the cores is the machine's call: say it did not
-    monkeypatch.setattr(prep.auto.Calibrator, "_won_outright", lambda self, per_row=None: False)
+    monkeypatch.setattr(prep.auto.Calibrator, "won_outright", lambda self, per_row=None: False)
     x = torch.randn(32, 256, 1024)
     with prep.Pool("auto", workers=2) as pool:
         assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
@@ -628,3 +628,47 @@ def test_every_batch_is_timed_and_a_close_runner_up_is_tried_on_a_whole_batch():
     assert other in cal.observed and first in cal.observed, str(cal)
     # (whether the runner-up then keeps the next batch depends on its time: not checked)
     assert cal.batches == 4 and sum(map(len, cal.observed.values())) == 3, str(cal)
+
+
+# ------------------------------------------------------------ process-wide state
+
+
+def needs_fallback(row: torch.Tensor) -> torch.Tensor:
+    """torch 2.13 has no batching rule for ``aten::quantile.scalar``: vmap of this runs
+    the op through its fallback, a loop over the rows (and warns)."""
+    return torch.quantile(row, 0.5).expand(2)
+
+
+@pytest.mark.timeout(120)
+def test_auto_calibrating_leaves_a_vmap_in_another_thread_alone():
+    """torch's switch that makes vmap's fallback raise is one flag of the whole
+    process: auto must never flip it, or the user's vmap in another thread raises."""
+    import threading
+
+    stop, failures, calls = threading.Event(), [], [0]
+    x = torch.rand(4, 8)
+
+    def users_vmap() -> None:
+        with warnings.catch_warnings():  # this thread's own test set-up, not prep's
+            warnings.simplefilter("ignore")
+            while not stop.is_set():
+                try:
+                    torch.func.vmap(needs_fallback)(x)
+                    calls[0] += 1
+                except Exception as exc:
+                    failures.append(exc)
+                    return
+
+    user = threading.Thread(target=users_vmap, daemon=True)
+    user.start()
+    try:
+        batch = torch.rand(64, 16)
+        for _ in range(40):  # a new pool each time: every call calibrates, vmap included
+            with prep.Pool("auto") as pool:
+                out = pool.map_rows(pure, batch)
+            assert torch.equal(out, prep.map_rows(pure, batch, executor="serial"))
+    finally:
+        stop.set()
+        user.join(10)
+    assert not failures, f"the user's vmap raised while auto calibrated: {failures[0]!r}"
+    assert calls[0] > 0

@@ -37,6 +37,19 @@ TINY = Grid(
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _users_joblib_workers():
+    """The ``plain_joblib`` baseline is a user's ``joblib.Parallel``: it runs on loky's
+    one executor per interpreter, which prep leaves alone (its workers idle out after
+    minutes). The user here is this module: it ends them, so later leak checks see
+    only prep's own processes."""
+    yield
+    from joblib.externals.loky import reusable_executor
+
+    if reusable_executor._executor is not None:
+        reusable_executor._executor.shutdown(wait=True, kill_workers=True)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Results, Path]:
     out = tmp_path_factory.mktemp("bench")

@@ -286,3 +286,40 @@ def test_closing_a_process_pool_while_another_thread_runs_a_batch(no_leaks):
     assert time.monotonic() - start < 5
     t.join(10)
     assert not t.is_alive() and failed, failed
+
+
+@pytest.mark.timeout(120)
+def test_a_joblib_pool_timing_out_leaves_the_users_own_joblib_running(no_leaks):
+    """prep's joblib executor kills its workers on a timeout; they must be its own, not
+    loky's one executor per interpreter that the user's ``joblib.Parallel`` runs on."""
+    import joblib
+    from joblib.externals.loky import get_reusable_executor
+
+    stop, failures, rounds = threading.Event(), [], [0]
+
+    def users_joblib() -> None:
+        while not stop.is_set():
+            try:
+                got = joblib.Parallel(n_jobs=2)(joblib.delayed(rowfns.nap)(i) for i in range(20))
+            except BaseException as exc:
+                failures.append(exc)
+                return
+            assert got == list(range(20))
+            rounds[0] += 1
+
+    user = threading.Thread(target=users_joblib, daemon=True)
+    user.start()
+    try:
+        assert wait_until(lambda: rounds[0] > 0, timeout=60), "the user's joblib never ran"
+        x = torch.arange(8.0).view(8, 1)
+        with prep.Pool("joblib", workers=2, timeout=1) as pool:
+            with pytest.raises(prep.BatchTimeout):
+                pool.map_rows(rowfns.hang, x)
+            assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)  # new workers
+        seen = rounds[0]
+        assert wait_until(lambda: rounds[0] >= seen + 2 or failures, timeout=30)
+    finally:
+        stop.set()
+        user.join(30)
+        get_reusable_executor().shutdown(wait=True)  # the user's, ended by the user
+    assert not failures, f"the user's joblib.Parallel failed: {failures[0]!r}"

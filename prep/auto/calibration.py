@@ -22,16 +22,16 @@ a choice is :func:`signature`.
 
 from __future__ import annotations
 
-import inspect
 import math
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .._rows import Rows
 from .._rowwise import unwrap_partial
-from .._structure import Rows, TensorRows
 
 #: threads or processes are chosen over the rest only when predicted this much faster
 #: (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
@@ -301,8 +301,9 @@ def _fn_key(fn: Callable[..., Any]) -> Any:
     """Ids stay unique only while their objects live: ``Auto`` keeps ``fn`` (and with
     it everything this key names) alive for as long as it keeps the choice."""
     fn, args, kwargs = unwrap_partial(fn)
-    if inspect.ismethod(fn):  # ``obj.method`` is a new object at every access
-        fn, args = fn.__func__, (fn.__self__, *args)
+    if isinstance(fn, types.MethodType):  # ``obj.method`` is a new object at every access
+        method: types.MethodType = fn
+        fn, args = method.__func__, (method.__self__, *args)
     return (
         id(fn),
         tuple(map(_value_key, args)),
@@ -312,11 +313,4 @@ def _fn_key(fn: Callable[..., Any]) -> Any:
 
 def signature(fn: Callable[..., Any], rows: Rows, pinned: bool) -> Any:
     """What a cached choice is valid for (everything but the number of rows)."""
-    if isinstance(rows, TensorRows):
-        layout: Any = (
-            rows.names,
-            tuple((tuple(c.shape[1:]), str(c.dtype), str(c.device)) for c in rows.columns),
-        )
-    else:
-        layout = ("samples", type(rows.samples[0]).__qualname__ if len(rows) else None)
-    return (_fn_key(fn), layout, pinned)
+    return (_fn_key(fn), rows.layout(), pinned)

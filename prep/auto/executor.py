@@ -25,11 +25,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .._output import Output
 from .._rowwise import twin_of
-from .._structure import Output, TensorRows
 from ..errors import ExecutorUnavailable
 from ..executors import _spawn
 from ..executors._base import Executor, Job, in_worker_process
+from ..executors.processes import ProcessExecutor
 from .calibration import Calibration, signature
 from .calibrator import Calibrator, now, on_cuda
 
@@ -117,10 +118,10 @@ class AutoExecutor(Executor):
 
     # ------------------------------------------------------------ one batch
 
-    def run(self, job: Job) -> Output:
+    def run(self, job: Job) -> Output | None:
         n = len(job.rows)
         if n == 0:  # nothing to measure: the twin if there is one
-            twin = isinstance(job.rows, TensorRows) and twin_of(job.fn) is not None
+            twin = job.rows.batched and twin_of(job.fn) is not None
             return self._get("vectorized" if twin else "serial").run(job)
         allow = not in_worker_process()
         key = signature(job.fn, job.rows, job.pin)
@@ -129,25 +130,28 @@ class AutoExecutor(Executor):
             cal = None  # a choice made where processes were allowed: measure again here
         if cal is None or not cal.settled:
             prior = cal
-            cal = Calibrator(job, self._get, self.workers, allow, prior).run()
+            calibrator = Calibrator(job, self._get, self.workers, allow, prior)
+            cal = calibrator.run()
             self._keep(key, job.fn, cal, prior)
-            if job.done >= n:
+            if calibrator.done >= n:
                 cal.batches += 1
-                return job.output  # type: ignore[return-value]
-            self._plan_processes(cal, job, allow)
-            return self._run(cal, cal.choice, job, observe=False)
+                assert job.output is not None, "the calibrator ran every row"
+                return job.output
+            rest = job.part(calibrator.done)
+            self._plan_processes(cal, rest, allow)
+            out = self._run(cal, cal.choice, rest, observe=False)
+            job.output = out
+            return out
         self._plan_processes(cal, job, allow)
         return self._run(cal, cal.next_trial() or cal.choice, job, observe=True)
 
-    def _run(self, cal: Calibration, name: str, job: Job, *, observe: bool) -> Output:
+    def _run(self, cal: Calibration, name: str, job: Job, *, observe: bool) -> Output | None:
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
-        start, cuda = job.done, on_cuda(job.rows)
+        start, cuda = job.start, on_cuda(job.rows)
         t = now(cuda)
         try:
             out = self._get(name).run(job)
-        except ExecutorUnavailable as exc:
-            if job.done != start:
-                raise  # rows ran already: not a failure before the batch, report it
+        except ExecutorUnavailable as exc:  # raised before any row ran, by its contract
             self._fall_back(cal, name, exc)
             return self._run(cal, cal.choice, job, observe=observe)
         took = now(cuda) - t
@@ -179,8 +183,9 @@ class AutoExecutor(Executor):
         if not allow or cal.processes_ready or "processes" not in cal.predicted:
             return
         ex = self._get("processes")
-        rows = len(job.rows) - job.done
-        start = ex.start_cost()  # type: ignore[attr-defined]
+        rows = len(job.rows) - job.start
+        assert isinstance(ex, ProcessExecutor), f"the processes executor is a {type(ex).__name__}"
+        start = ex.start_cost()
         if start is None:  # prep's forkserver is not up: start it, in the background
             costs = _spawn.start_costs()
             if costs.failed:
@@ -196,7 +201,7 @@ class AutoExecutor(Executor):
         if not cal.plan_start(start, rows):
             return
         try:
-            took = ex.load(job.fn, job.remaining())  # type: ignore[attr-defined]
+            took = ex.load(job.fn, job.remaining())
         except ExecutorUnavailable as exc:
             with self._lock:
                 cal.drop("processes", f"its workers could not load the function: {exc}")

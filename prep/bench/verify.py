@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._structure import flatten
+from .._output import flatten
 
 __all__ = ["Guard", "check", "leaves", "nbytes", "text"]
 

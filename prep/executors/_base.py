@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .._structure import Output, Rows
+from .._output import Output
+from .._rows import Rows
 from ..errors import BatchTimeout, ConfigError, RowError
 
 
@@ -70,28 +71,62 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
 BLOCK = 32
 
 
+class Deadline:
+    """One batch's time limit, shared by every part of the batch that runs it: auto's
+    calibration, the executor it picks and any sub-job. An executor that must first
+    start its workers (seconds with torch) restarts it once they are up: the
+    timeout is for the rows, not for a pool's start-up."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.restart()
+
+    def restart(self) -> None:
+        self._start = time.monotonic()
+
+    def remaining(self) -> float | None:
+        """Seconds left (None: no timeout)."""
+        if self.timeout is None:
+            return None
+        return self.timeout - (time.monotonic() - self._start)
+
+
 @dataclass
 class Job:
-    """One batch: run ``fn`` on every row of ``rows`` and write into ``output``."""
+    """One batch: run ``fn`` on rows ``start:`` of ``rows`` and write into ``output``.
+
+    Rows before ``start`` are already in ``output`` (auto computed them while it
+    measured). An executor runs the rest and never moves ``start``; whoever runs
+    the batch in parts makes a job per part with :meth:`part`, which shares the
+    output and the deadline: one deadline a batch, whoever runs it.
+    """
 
     fn: Callable[..., Any]
     rows: Rows
     output: Output | None = None
     timeout: float | None = None
     pin: bool = False  # allocate the output in pinned memory (a CUDA copy follows)
-    done: int = 0  # rows before this one are already in ``output`` (auto's calibration)
+    start: int = 0
+    deadline: Deadline | None = None  # another job's, to share it; else one from ``timeout``
 
     def __post_init__(self) -> None:
-        self.restart_clock()
+        self.clock = self.deadline or Deadline(self.timeout)
+
+    def part(self, start: int, stop: int | None = None) -> Job:
+        """Rows ``start:stop`` of this batch, written into this job's output (which must
+        exist once ``stop`` is given), under this job's deadline."""
+        rows, out = self.rows, self.output
+        if stop is not None and stop < len(rows):
+            assert out is not None, "a part up to a stop writes into an allocated output"
+            rows, out = rows.head(stop), out.head(stop)
+        return Job(self.fn, rows, out, self.timeout, self.pin, start, self.clock)
 
     def restart_clock(self) -> None:
-        self.started = time.monotonic()
+        self.clock.restart()
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no timeout)."""
-        if self.timeout is None:
-            return None
-        return self.timeout - (time.monotonic() - self.started)
+        return self.clock.remaining()
 
     def timed_out(self, what_now: str) -> BatchTimeout:
         """The error for a batch past its deadline; ``what_now`` says what was done."""
@@ -150,8 +185,9 @@ class Executor(ABC):
         self.workers = resolve_workers(workers)
 
     @abstractmethod
-    def run(self, job: Job) -> Output:
-        """Fill every row of ``job.output`` (allocating it if None) and return it."""
+    def run(self, job: Job) -> Output | None:
+        """Fill rows ``job.start:`` of ``job.output`` (allocating it if None) and return
+        it: None only for a batch of 0 rows without ``out=``, whose output no row shaped."""
 
     def close(self) -> None:  # noqa: B027 (executors without resources need not close)
         """Release threads and processes. It is safe to call this several times."""

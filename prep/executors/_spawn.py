@@ -50,7 +50,7 @@ class _Server(forkserver.ForkServer):
 
     @property
     def running(self) -> bool:
-        return self._forkserver_pid is not None
+        return self._forkserver_pid is not None  # type: ignore[attr-defined]  # ForkServer's own
 
 
 _server = _Server()
@@ -65,13 +65,14 @@ class _Popen(popen_forkserver.Popen):
         buf = io.BytesIO()
         mp_context.set_spawning_popen(self)
         try:
-            mp_context.reduction.dump(data, buf)
-            mp_context.reduction.dump(process_obj, buf)
+            # multiprocessing's private API, not in typeshed: what popen_forkserver calls
+            mp_context.reduction.dump(data, buf)  # type: ignore[attr-defined]
+            mp_context.reduction.dump(process_obj, buf)  # type: ignore[attr-defined]
         finally:
             mp_context.set_spawning_popen(None)
-        self.sentinel, w = _server.connect_to_new_process(self._fds)
+        self.sentinel, w = _server.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
         keep = os.dup(w)  # the child sees the parent die when this end closes
-        self.finalizer = util.Finalize(self, util.close_fds, (keep, self.sentinel))
+        self.finalizer = util.Finalize(self, util.close_fds, (keep, self.sentinel))  # type: ignore[attr-defined]
         with open(w, "wb", closefd=True) as f:
             f.write(buf.getbuffer())
         self.pid = forkserver.read_signed(self.sentinel)
@@ -84,7 +85,7 @@ class _Process(mp_context.ForkServerProcess):
 
 
 class _Context(mp_context.ForkServerContext):
-    Process = _Process  # type: ignore[assignment]  (a subclass, started through _server)
+    Process = _Process  # a subclass, started through _server
 
 
 def start_method() -> str:

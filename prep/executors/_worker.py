@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .._structure import Output, Rows, TensorRows, flatten
+from .._output import Output, flatten
+from .._rows import Rows, TensorRows
 from ..errors import RemoteTraceback, RowError
 from ._base import BLOCK
 
@@ -123,7 +124,7 @@ def error_from_reply(reply: tuple[Any, ...]) -> BaseException:
     tag, row, name, text, tb, blob = reply
     exc = rebuild(blob, name, text, tb)
     if tag == "bad-result":
-        exc.row = row  # type: ignore[attr-defined]  (errors are ranked by row)
+        exc.row = row  # type: ignore[attr-defined]  # errors are ranked by row
         return exc
     err = RowError(row, f"row {row}: {name}: {text}")
     err.__cause__ = exc
@@ -196,7 +197,8 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
                 except Exception as exc:
                     reply = _error(start, exc, "bad-result")
         else:
-            reply = write_rows(fn, rows, out, start, stop)  # type: ignore[arg-type]
+            assert out is not None, "the parent sends the output before any range"
+            reply = write_rows(fn, rows, out, start, stop)
         try:
             conn.send(reply)
         except Exception as exc:  # e.g. a result that cannot be pickled

@@ -1,73 +1,88 @@
-"""``joblib.Parallel`` on loky processes, one task per chunk of rows.
+"""loky processes (joblib's process pool), one task per chunk of rows.
 
 The naive ``Parallel()(delayed(fn)(x[b]) for b in range(B))`` pickles the
 whole storage behind every view ``x[b]``: B rows ship B batches. Here each
 task gets ``x[start:stop].clone()`` (only its own rows) and returns its chunk
 of the output in one piece, so every byte crosses the process boundary once
-each way. joblib's cloudpickle also sends lambdas and notebook functions,
-which ``processes`` cannot. With ``workers=1`` joblib runs the rows in this
-process (its own rule for ``n_jobs=1``), where ``timeout`` cannot apply.
+each way. loky's cloudpickle also sends lambdas and notebook functions.
+
+The workers are this executor's own: a ``loky.ProcessPoolExecutor`` made for
+it, not the one executor per interpreter that every ``joblib.Parallel`` call
+reuses. So a timeout or ``close()`` here, which must kill workers (one may be
+stuck in a hung row), never kills the user's own joblib work or another Pool's.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import concurrent.futures as cf
 import re
 import time
 from typing import Any
 
-import joblib
-from joblib.externals.loky.process_executor import TerminatedWorkerError
+import loky
+from loky.process_executor import TerminatedWorkerError
 
-from .._structure import Output
+from .._output import Output
 from ..errors import StackError, WorkerCrashed
 from . import _worker
-from ._base import Executor, Job, first_error, iter_chunks
+from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
 
 
 class JoblibExecutor(Executor):
     name = "joblib"
     needs_processes = True
 
-    def run(self, job: Job) -> Output:
+    def __init__(self, workers: int | None = None) -> None:
+        super().__init__(workers)
+        self._pool: Any = None  # a loky.ProcessPoolExecutor, started on first use
+
+    def run(self, job: Job) -> Output | None:
         n = len(job.rows)
         if n == 0:
-            return job.output  # type: ignore[return-value]
-        if job.timeout is not None and self.workers > 1:
-            # the timeout is for the rows, not for (re)starting loky's workers, which takes
-            # seconds with torch: make sure they are up first (a few ms when they are)
-            self._wait_for_workers()
-            job.restart_clock()
-        chunks = list(iter_chunks(n, self.workers, per_worker=2, first=job.done))
-        tasks = (
-            joblib.delayed(_worker.run_chunk)(job.fn, job.rows.take(a, b), a, b) for a, b in chunks
-        )
-        # joblib runs n_jobs=1 in this process, where it cannot time out (it warns)
-        parallel = _parallel(self.workers, job.timeout if self.workers > 1 else None)
+            return job.output
+        pool = self._started(job)
+        chunks = list(iter_chunks(n, self.workers, per_worker=2, first=job.start))
+        futures = {
+            pool.submit(_worker.run_chunk, job.fn, job.rows.take(a, b), a, b): (a, b)
+            for a, b in chunks
+        }
         errors: list[BaseException] = []
-        done = 0
         try:
-            for reply in parallel(tasks):
-                done += 1
-                errors.extend(self._write(job, reply))
+            for future in cf.as_completed(futures, timeout=job.remaining()):
+                errors.extend(self._write(job, future.result()))
         except TerminatedWorkerError as exc:
-            a, b = chunks[done]
+            self.close()  # loky's executor is broken for good once a worker died
+            a, b = min(futures[f] for f in futures if not _succeeded(f))
             raise WorkerCrashed(
-                f"a joblib/loky worker died while rows {a}-{b - 1} and later were in flight "
+                f"a loky worker died while rows {a}-{b - 1} and later were in flight "
                 f"({_exit_text(str(exc))}); likely causes: a segfault or abort in the row "
-                f"function, or the OS killed the worker for memory. joblib starts new workers "
+                f"function, or the OS killed the worker for memory. New workers start "
                 f"on the next call",
                 exitcode=_exit_code(str(exc)),
                 rows=(a, b),
             ) from exc
-        except (TimeoutError, multiprocessing.TimeoutError) as exc:
-            self.close()  # joblib leaves a worker stuck in a hung row running: kill them all
+        except cf.TimeoutError as exc:
+            self.close()  # a worker stuck in a hung row would hold its core: kill them all
             raise job.timed_out(
-                "joblib terminated its workers and starts new ones on the next call"
+                "its workers were terminated; new ones start on the next call"
             ) from exc
         if errors:
             raise first_error(errors)
-        return job.output  # type: ignore[return-value]
+        return job.output
+
+    def _started(self, job: Job) -> Any:
+        """The pool, its workers up. The timeout is for the rows, not for starting the
+        workers (seconds with torch): the clock restarts once they have all answered."""
+        if self._pool is None:
+            threads = threads_per_worker(self.workers)
+            self._pool = loky.ProcessPoolExecutor(
+                max_workers=self.workers,
+                initializer=_worker.limit_threads,
+                initargs=(threads,),
+            )
+            self._wait_for_workers()
+            job.restart_clock()
+        return self._pool
 
     def _wait_for_workers(self, limit: float = 60.0) -> None:
         """Return once every worker has imported torch and answered (or after ``limit``)."""
@@ -75,17 +90,13 @@ class JoblibExecutor(Executor):
         end = time.monotonic() + limit
         while len(seen) < self.workers and time.monotonic() < end:
             # each task holds its worker briefly, so the others must take the rest
-            tasks = (joblib.delayed(_worker.ready)(0.02) for _ in range(2 * self.workers))
-            seen.update(_parallel(self.workers, None)(tasks))
+            tasks = [self._pool.submit(_worker.ready, 0.02) for _ in range(2 * self.workers)]
+            seen.update(t.result(timeout=max(0.0, end - time.monotonic())) for t in tasks)
 
     def close(self) -> None:
-        # joblib's loky workers belong to one executor per interpreter, reused by every
-        # Parallel call; stop it so close() leaves no process behind.
-        from joblib.externals.loky import reusable_executor
-
-        executor = reusable_executor._executor
-        if executor is not None:
-            executor.shutdown(wait=True, kill_workers=True)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, kill_workers=True)
 
     def _write(self, job: Job, reply: tuple[Any, ...]) -> list[BaseException]:
         if reply[0] != "done":
@@ -104,9 +115,8 @@ class JoblibExecutor(Executor):
         return []
 
 
-def _parallel(workers: int, timeout: float | None) -> joblib.Parallel:
-    # one configuration everywhere: joblib starts a new set of workers when it changes
-    return joblib.Parallel(n_jobs=workers, backend="loky", return_as="generator", timeout=timeout)
+def _succeeded(future: cf.Future) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def _exit_code(text: str) -> int | None:

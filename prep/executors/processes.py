@@ -29,72 +29,28 @@ a notebook, ``python -c`` or stdin; lambdas, closures, local functions).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
-import os
-import signal
 import threading
 import time
-from collections import deque
-from multiprocessing import connection
 from typing import Any
 
 import torch
 
-from .._structure import Output, SampleRows, TensorRows, flatten
+from .._output import Output
+from .._rows import TensorRows
 from ..errors import (
     BatchTimeout,
-    ConfigError,
-    ExecutorUnavailable,
     FunctionLoadError,
-    RemoteTraceback,
     WorkerCrashed,
 )
 from . import _spawn, _worker
-from ._transport import check_shm, describe_fn, pickle_fn, shm_fits, shm_free
+from ._arena import Arena
+from ._base import Executor, Job, threads_per_worker
+from ._dispatch import Dispatch
+from ._handles import LOAD_TIMEOUT, Worker, load_everywhere
+from ._transport import check_shm, pickle_fn, shm_fits, shm_free
 
 __all__ = ["LOAD_TIMEOUT", "ProcessExecutor", "pickle_fn", "shm_fits", "shm_free"]
-from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
-
-#: seconds a worker may take to load the row function (importing its modules)
-LOAD_TIMEOUT = 120.0
-
-
-class _Worker:
-    def __init__(self, ctx: Any, threads: int) -> None:
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=_worker.main, args=(child, os.getpid(), threads), daemon=True, name="prep-worker"
-        )
-        try:
-            self.proc.start()
-        except (OSError, EOFError, RuntimeError) as exc:
-            raise ExecutorUnavailable(
-                f"executor='processes' could not start a worker process "
-                f"({type(exc).__name__}: {exc}); use executor='threads' or 'joblib'"
-            ) from exc
-        finally:
-            child.close()
-        self.fn_blob: bytes | None = None
-        self.keys: set[int] = set()
-        self.held: tuple[int, int] | None = None  # the row range it is working on
-
-    def stop(self, grace: float = 1.0) -> None:
-        """Terminate (SIGTERM, then SIGKILL) and reap; no orphans, no zombies."""
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(grace)
-            if self.proc.is_alive():
-                self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
-
-    def how_it_died(self) -> str:
-        self.proc.join(1)
-        code = self.proc.exitcode
-        if code is not None and code < 0:
-            return f"signal {signal.Signals(-code).name}"
-        return f"exit code {code}"
 
 
 class ProcessExecutor(Executor):
@@ -103,12 +59,9 @@ class ProcessExecutor(Executor):
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)
-        self._workers: list[_Worker] = []
-        # (key, shared column buffer, owned): only buffers prep made are reused for the
-        # next batch; a tensor the caller passed already shared is theirs, never written
-        self._arena: list[tuple[int, torch.Tensor, bool]] = []
+        self._workers: list[Worker] = []
+        self._arena = Arena()
         self._lock = threading.Lock()  # one batch at a time: the pipes carry one conversation
-        self._keys = itertools.count()
         self._dispatch: float | None = None
 
     # -------------------------------------------------------------- lifecycle
@@ -121,7 +74,7 @@ class ProcessExecutor(Executor):
             ctx = _spawn.context()
             threads = threads_per_worker(self.workers)
             while len(self._workers) < self.workers:
-                self._workers.append(_Worker(ctx, threads))
+                self._workers.append(Worker(ctx, threads))
 
     @property
     def started(self) -> bool:
@@ -166,7 +119,7 @@ class ProcessExecutor(Executor):
     def _reset(self) -> None:
         """Kill every worker; the next call starts fresh ones."""
         workers, self._workers = self._workers, []
-        self._arena = []
+        self._arena.clear()
         self._dispatch = None
         for w in workers:
             w.stop()
@@ -195,67 +148,35 @@ class ProcessExecutor(Executor):
     # -------------------------------------------------------------- the function
 
     def _load(self, fn: Any, blob: bytes, timeout: float | None) -> None:
-        """Every worker holds ``fn`` (sent to those that do not); all replies read."""
         self._ensure_started()
-        waiting = {}
-        for w in self._workers:
-            if w.fn_blob != blob:
-                w.fn_blob = None
-                w.conn.send(("fn", blob))
-                waiting[w.conn] = w
-        limit = LOAD_TIMEOUT if timeout is None else max(0.0, timeout)
-        end = time.monotonic() + limit
-        failure: tuple[str, BaseException | None] | None = None
-        while waiting:
-            sentinels = {w.proc.sentinel: w for w in waiting.values()}
-            ready = connection.wait([*waiting, *sentinels], max(0.0, end - time.monotonic()))
-            if not ready:
-                self._reset()
-                raise FunctionLoadError(
-                    f"executor='processes' workers did not load the row function "
-                    f"{describe_fn(fn)} within {limit:.1f} s (does importing what it needs "
-                    f"hang?); check that its modules import quickly in a fresh interpreter, "
-                    f"or use executor='threads'"
-                )
-            for r in ready:
-                w = waiting.get(r) or sentinels.get(r)  # type: ignore[call-overload]
-                if w is None or waiting.pop(w.conn, None) is None:
-                    continue  # its pipe and its sentinel were both ready: handled once
-                why = _load_reply(w, blob)  # read every reply, the first failure kept
-                failure = failure or why
-        if failure is not None:
+        try:
+            load_everywhere(self._workers, fn, blob, timeout, stuck=self._reset)
+        except FunctionLoadError:
             if any(not w.proc.is_alive() for w in self._workers):
                 self._reset()
-            reason, cause = failure
-            raise FunctionLoadError(
-                f"executor='processes' could not load the row function {describe_fn(fn)} in "
-                f"its worker processes ({reason}). Workers start from a fresh interpreter "
-                f"and never run your main script, so what the function needs by name (its "
-                f"module, the modules it imports) must be importable there: install it, or "
-                f"keep it on sys.path; or use executor='threads'"
-            ) from cause
+            raise
 
     # -------------------------------------------------------------- one batch
 
-    def run(self, job: Job) -> Output:
+    def run(self, job: Job) -> Output | None:
         with self._lock:
             return self._run(job)
 
-    def _run(self, job: Job) -> Output:
+    def _run(self, job: Job) -> Output | None:
         n = len(job.rows)
         if n == 0:
-            return job.output  # type: ignore[return-value]
+            return job.output
         blob = pickle_fn(job.fn)
         self._load(job.fn, blob, job.remaining())
-        shell, keys, columns = self._share_columns(job.rows)
+        shell, keys, columns = self._arena.share(job.rows)
         given = job.output
         if given is not None and not all(
             b.is_shared() and b.is_contiguous() for b in given.buffers
         ):
-            check_shm(sum(b.numel() * b.element_size() for b in given.buffers), "the output")
+            check_shm(given.nbytes, "the output")
             job.output = given.like(shared=True)  # staging; copied into out= at the end
         try:
-            self._send_batch(job, shell, keys, columns)
+            Dispatch(self._workers, job).run(shell, keys, columns)
         except BaseException as exc:
             # crashed, timed out or interrupted with rows in flight: the workers' state is
             # unknown, so start afresh. A row error waited for the others: keep the pool.
@@ -266,155 +187,10 @@ class ProcessExecutor(Executor):
             if given is not None:
                 job.output = given
             raise
-        if given is not None and job.output is not given:
-            for dst, src in zip(given.buffers, job.output.buffers):
-                dst[job.done :].copy_(src[job.done :])  # rows before were written in place
+        out = job.output
+        assert out is not None, "the first row allocated it"
+        if given is not None and out is not given:
+            for dst, src in zip(given.buffers, out.buffers):
+                dst[job.start :].copy_(src[job.start :])  # rows before were written in place
             job.output = given
-        return job.output  # type: ignore[return-value]
-
-    def _share_columns(self, rows: Any) -> tuple[Any, list[int], dict[int, torch.Tensor]]:
-        """Put the batch's columns in shared memory, reusing last batch's buffers."""
-        if isinstance(rows, SampleRows):
-            return rows.shell(), [], {}
-        assert isinstance(rows, TensorRows)
-        for c in rows.columns:
-            if c.device.type != "cpu":
-                raise ConfigError(
-                    f"executor='processes' got a tensor on {c.device}; workers never touch "
-                    f"CUDA, so pass CPU tensors (and device= for the result), or use "
-                    f"executor='threads' or 'vectorized' for a batch already on the GPU"
-                )
-        needed = sum(c.numel() * c.element_size() for c in rows.columns if not c.is_shared())
-        check_shm(needed, "the batch")
-        arena, keys, columns = [], [], {}
-        for j, c in enumerate(rows.columns):
-            if c.is_shared() and c.is_contiguous() and c.storage_offset() == 0:
-                key, buf, owned = next(self._keys), c, False  # already shared (a DataLoader's)
-            elif j < len(self._arena) and self._arena[j][2] and _same_layout(self._arena[j][1], c):
-                key, buf, owned = self._arena[j]
-                buf.copy_(c)
-            else:
-                key, owned = next(self._keys), True
-                buf = torch.empty(c.shape, dtype=c.dtype).share_memory_()
-                buf.copy_(c)
-            arena.append((key, buf, owned))
-            keys.append(key)
-            columns[key] = buf
-        self._arena = arena
-        return rows.shell(), keys, columns
-
-    def _send_batch(
-        self, job: Job, shell: Any, keys: list[int], columns: dict[int, torch.Tensor]
-    ) -> None:
-        n = len(job.rows)
-        for w in self._workers:
-            w.held = None
-            new = {k: columns[k] for k in keys if k not in w.keys}
-            w.conn.send(("batch", shell, keys, new, job.output))
-            w.keys = set(keys)
-        pending: deque[tuple[int, int]] = deque()
-        if job.output is None:  # a worker runs row 0 first; its result fixes the output
-            self._send(self._workers[0], job, 0, 1, probe=True)
-            self._collect(job, stop_on_error=True)
-            for w in self._workers:
-                w.conn.send(("output", job.output))
-            pending.extend(iter_chunks(n, self.workers, first=1))
-        else:
-            pending.extend(iter_chunks(n, self.workers, first=job.done))
-        errors: list[BaseException] = []
-        while True:
-            for w in self._workers:
-                if pending and w.held is None and not errors:
-                    self._send(w, job, *pending.popleft())
-            if not any(w.held for w in self._workers):
-                break  # all done, or stopped after an error with nothing left in flight
-            errors.extend(self._collect(job))
-        if errors:
-            raise first_error(errors)
-
-    def _send(self, w: _Worker, job: Job, start: int, stop: int, probe: bool = False) -> None:
-        w.held = (start, stop)
-        w.conn.send(("run", start, stop, job.rows.chunk(start, stop), probe))
-
-    def _collect(self, job: Job, stop_on_error: bool = False) -> list[BaseException]:
-        """Wait for the next replies; returns row errors, raises on crash or timeout."""
-        busy = [w for w in self._workers if w.held]
-        by_conn = {w.conn: w for w in busy}
-        by_sentinel = {w.proc.sentinel: w for w in self._workers}
-        left = job.remaining()
-        ready = connection.wait(
-            [*by_conn, *by_sentinel], timeout=None if left is None else max(left, 0)
-        )
-        if not ready:
-            held = ", ".join(
-                f"{w.held[0]}-{w.held[1] - 1} (pid {w.proc.pid})" for w in busy if w.held
-            )
-            raise job.timed_out(
-                f"workers still busy with rows {held} were terminated and will be replaced"
-            )
-        errors = []
-        for r in ready:
-            w = by_conn.get(r)  # type: ignore[arg-type]
-            if w is None:
-                continue
-            try:
-                msg = w.conn.recv()
-            except (EOFError, OSError):
-                self._crashed(by_sentinel[w.proc.sentinel])
-            errors.extend(self._handle(job, w, msg))
-        for r in ready:
-            if r in by_sentinel:
-                self._crashed(by_sentinel[r])  # type: ignore[index]
-        if errors and stop_on_error:
-            raise errors[0]
-        return errors
-
-    def _handle(self, job: Job, w: _Worker, msg: tuple[Any, ...]) -> list[BaseException]:
-        tag = msg[0]
-        if tag == "done":
-            w.held = None
-            return []
-        if tag == "probe":
-            w.held = None
-            leaves = flatten(msg[2])[1]
-            check_shm(
-                len(job.rows) * sum(t.numel() * t.element_size() for t in leaves), "the output"
-            )
-            job.store(msg[1], msg[2], shared=True)
-            return []
-        row = msg[1]
-        if w.held is not None and not (w.held[0] <= row < w.held[1]):
-            return []
-        w.held = None
-        return [_worker.error_from_reply(msg)]
-
-    def _crashed(self, w: _Worker) -> None:
-        how = w.how_it_died()
-        rows = f"while it held rows {w.held[0]}-{w.held[1] - 1}" if w.held else "while idle"
-        raise WorkerCrashed(
-            f"worker pid {w.proc.pid} died with {how} {rows}; likely causes: a segfault or "
-            f"abort in the row function (or a library it calls), or the OS killed the worker "
-            f"for memory (see dmesg). The pool starts new workers on the next call",
-            pid=w.proc.pid,
-            exitcode=w.proc.exitcode,
-            rows=w.held,
-        )
-
-
-def _load_reply(w: _Worker, blob: bytes) -> tuple[str, BaseException | None] | None:
-    """None if the worker loaded the function, else why not (and its traceback)."""
-    try:
-        msg = w.conn.recv() if w.conn.poll() else None
-    except (EOFError, OSError):
-        msg = None
-    if msg is None:
-        return f"the worker died with {w.how_it_died()} while loading it", None
-    if msg[0] == "loaded":
-        w.fn_blob = blob
-        return None
-    _, _, name, text, tb, _ = msg
-    return f"{name}: {text}", RemoteTraceback(tb)
-
-
-def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype
+        return job.output

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._structure import Output
+from .._output import Output
 from ._base import Executor, Job
 
 
@@ -18,7 +18,7 @@ class SerialExecutor(Executor):
     def __init__(self, workers: int | None = 1) -> None:
         super().__init__(workers)
 
-    def run(self, job: Job) -> Output:
-        job.run_range(job.done, len(job.rows))
+    def run(self, job: Job) -> Output | None:
+        job.run_range(job.start, len(job.rows))
         assert job.output is not None or len(job.rows) == 0
-        return job.output  # type: ignore[return-value]
+        return job.output

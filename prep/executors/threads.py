@@ -20,13 +20,15 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
-from .._structure import Output
+from .._output import Output
 from ._base import Executor, Job, iter_chunks, threads_per_worker
 
 Task = Callable[[], None]
+T = TypeVar("T")
 
 
 class ThreadExecutor(Executor):
@@ -52,25 +54,25 @@ class ThreadExecutor(Executor):
                 t.start()
                 self._threads.append(t)
 
-    def run(self, job: Job) -> Output:
+    def run(self, job: Job) -> Output | None:
         with self._run_lock:  # one batch at a time
             return self._run(job)
 
-    def _run(self, job: Job) -> Output:
+    def _run(self, job: Job) -> Output | None:
         n = len(job.rows)
         if n == 0:
-            return job.output  # type: ignore[return-value]
-        first = job.done
+            return job.output
+        first = job.start
         self._ensure_started()
         if job.output is None:  # one worker runs the first row: its result fixes the output
             self._run_chunks(job, [(first, first + 1)])
             first += 1
         chunks = list(iter_chunks(n, self.workers, first=first))
         if not chunks:
-            return job.output  # type: ignore[return-value]
+            return job.output
         return self._run_chunks(job, chunks)
 
-    def _run_chunks(self, job: Job, chunks: list[tuple[int, int]]) -> Output:
+    def _run_chunks(self, job: Job, chunks: list[tuple[int, int]]) -> Output | None:
         done: queue.SimpleQueue[tuple[int, BaseException | None]] = queue.SimpleQueue()
         stop = threading.Event()
 
@@ -105,7 +107,7 @@ class ThreadExecutor(Executor):
             stop.set()
         if errors:
             raise min(errors, key=lambda e: e[0])[1]
-        return job.output  # type: ignore[return-value]
+        return job.output
 
     def _abandon(self) -> None:
         """Leave the current threads to finish (or hang) on their own; serve from new ones."""
@@ -145,3 +147,25 @@ def _own_intra_op_threads(intra: int) -> None:
     restore = threading.Thread(target=torch.set_num_threads, args=(default,), daemon=True)
     restore.start()
     restore.join()
+
+
+def on_intra_op_threads(fn: Callable[[], T], intra: int) -> T:
+    """``fn()`` run in a short-lived thread of its own with torch on ``intra``
+    intra-op threads; its result, or its exception raised here. The caller's
+    setting and torch's default for new threads are left as they were."""
+    box: list[T] = []
+    failed: list[BaseException] = []
+
+    def target() -> None:
+        _own_intra_op_threads(intra)
+        try:
+            box.append(fn())
+        except BaseException as exc:  # re-raised in the caller's thread
+            failed.append(exc)
+
+    t = threading.Thread(target=target, daemon=True, name="prep-intra-op")
+    t.start()
+    t.join()
+    if failed:
+        raise failed[0]
+    return box[0]

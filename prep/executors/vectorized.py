@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
+from .._output import Output, flatten
+from .._rows import TensorRows
 from .._rowwise import twin_of
-from .._structure import Output, TensorRows, flatten
 from ..errors import ConfigError
 from ._base import Executor, Job
 
@@ -32,7 +33,7 @@ class VectorizedExecutor(Executor):
             )
         return twin, f"the batched twin {_name(twin.twin.batched)}"
 
-    def run(self, job: Job) -> Output:
+    def run(self, job: Job) -> Output | None:
         if not isinstance(job.rows, TensorRows):
             raise ConfigError(
                 f"executor={self.name!r} works on a batch of tensors, not on a list "
@@ -40,8 +41,8 @@ class VectorizedExecutor(Executor):
             )
         twin, what = self.batched(job.fn)
         rows = job.rows
-        if job.done:  # the first rows are already in the output: run the rest only
-            rows = rows.replace([c[job.done :] for c in rows.columns])
+        if job.start:  # the first rows are already in the output: run the rest only
+            rows = rows.replace([c[job.start :] for c in rows.columns])
         # one call, so its exception (and traceback) reaches the caller as it is
         result = rows.call_batched(twin)
         spec, leaves = flatten(result, what=what)
@@ -59,9 +60,9 @@ class VectorizedExecutor(Executor):
         # executors do, then copy the rest in one go
         out = job.output
         if n:
-            out.write(job.done, spec.unflatten([leaf[0] for leaf in leaves]))
+            out.write(job.start, spec.unflatten([leaf[0] for leaf in leaves]))
         for buf, leaf in zip(out.buffers, leaves):
-            buf[job.done :].copy_(leaf)
+            buf[job.start :].copy_(leaf)
         return out
 
 

@@ -65,7 +65,7 @@ def check_options(side: object, max_len: object, pad_value: object, dtype: torch
     if isinstance(max_len, bool):
         raise TypeError(f"max_len={max_len!r} is a bool, expected an int >= 0")
     try:
-        max_len = operator.index(max_len)
+        max_len = operator.index(max_len)  # type: ignore[arg-type]  # raises for a non-int
     except TypeError:
         raise TypeError(
             f"max_len={max_len!r} is a {type(max_len).__name__}, expected an int >= 0"

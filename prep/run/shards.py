@@ -164,7 +164,7 @@ def _why(exc: Exception, trust_pickle: bool) -> str:
 def compact(t: Tensor) -> Tensor:
     """``t`` contiguous on the CPU, owning exactly its bytes (a view's storage may be larger)."""
     t = t.detach().cpu().contiguous()
-    if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+    if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.nbytes:
         t = t.clone()
     return t
 
@@ -187,7 +187,7 @@ class _Hashing:
 
 
 def _write_pt(tensors: dict[str, Tensor], f: _Hashing) -> None:
-    torch.save(tensors, f)
+    torch.save(tensors, f)  # type: ignore[arg-type]  # torch.save needs only write()
 
 
 def _write_safetensors(tensors: dict[str, Tensor], f: _Hashing) -> None:

@@ -106,7 +106,9 @@ def _batch(
             f"pick the row-aligned ones with --columns"
         )
     batch = tuple(chosen.values()) if columns is not None else chosen
-    return batch, next(iter(rows.values()))
+    n = next(iter(rows.values()))
+    assert n is not None  # checked above
+    return batch, n
 
 
 def _named(result: Any, spec: str) -> dict[str, Tensor]:

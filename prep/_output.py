@@ -1,0 +1,220 @@
+"""What comes out: one output allocated once, each row's result written into it.
+
+A row's result is flattened into *leaves* (tensors) by :func:`flatten`, and each
+leaf of row ``i`` is copied into ``buffer[i]`` of an :class:`Output` allocated
+once, from the first row's result or from ``out=``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import StackError
+
+Result = Tensor | tuple[Tensor, ...] | dict[str, Tensor]
+
+
+# ---------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The structure of a row's result: ``tensor``, ``tuple`` or ``dict`` of ``n`` leaves."""
+
+    kind: str
+    keys: tuple[str, ...] = ()
+    n: int = 1
+
+    def unflatten(self, leaves: Sequence[Tensor]) -> Result:
+        if self.kind == "tensor":
+            return leaves[0]
+        if self.kind == "tuple":
+            return tuple(leaves)
+        return dict(zip(self.keys, leaves))
+
+
+def flatten(result: Any, what: str = "the row function") -> tuple[Spec, list[Tensor]]:
+    """Leaves of a Tensor, tuple of Tensors or dict of Tensors, with their structure."""
+    if isinstance(result, Tensor):
+        return Spec("tensor"), [result]
+    if isinstance(result, (tuple, list)) and all(isinstance(r, Tensor) for r in result):
+        return Spec("tuple", n=len(result)), list(result)
+    if isinstance(result, Mapping) and all(isinstance(r, Tensor) for r in result.values()):
+        return Spec("dict", tuple(result), len(result)), list(result.values())
+    raise TypeError(
+        f"{what} returned {_describe(result)}; it must return a Tensor, a tuple of Tensors "
+        f"or a dict of Tensors (wrap numbers with torch.tensor(...))"
+    )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(type(v).__name__ for v in value[:4])
+        return f"a {type(value).__name__} of ({inner})"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{k!r}: {type(v).__name__}" for k, v in list(value.items())[:4])
+        return f"a dict of {{{inner}}}"
+    return f"a {type(value).__name__} ({value!r:.60})"
+
+
+@dataclass
+class Output:
+    """One buffer per result leaf, ``[rows, *leaf.shape]``, written row by row."""
+
+    spec: Spec
+    buffers: list[Tensor]
+    first_row: int = 0  # the row whose result fixed the shapes, for error messages
+    offset: int = 0  # the batch index of buffer row 0 (a worker's chunk)
+
+    @classmethod
+    def allocate(
+        cls,
+        result: Any,
+        rows: int,
+        *,
+        row: int = 0,
+        pin: bool = False,
+        shared: bool = False,
+        offset: int = 0,
+    ) -> Output:
+        spec, leaves = flatten(result)
+        buffers = []
+        for leaf in leaves:
+            on_cpu = leaf.device.type == "cpu"
+            buf = torch.empty(
+                (rows, *leaf.shape),
+                dtype=leaf.dtype,
+                device=leaf.device,
+                pin_memory=pin and on_cpu and not shared,
+            )
+            if shared and on_cpu:
+                buf.share_memory_()
+            buffers.append(buf)
+        return cls(spec, buffers, row, offset)
+
+    @classmethod
+    def given(cls, out: Any, rows: int) -> Output:
+        spec, leaves = flatten(out, what="out=")
+        for leaf in leaves:
+            if leaf.dim() == 0 or leaf.shape[0] != rows:
+                raise ValueError(
+                    f"out= has a tensor of shape {tuple(leaf.shape)}, but the batch "
+                    f"has {rows} rows; each output tensor needs {rows} along dim 0"
+                )
+        return cls(spec, leaves, -1)
+
+    def __len__(self) -> int:
+        return len(self.buffers[0]) if self.buffers else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    def head(self, stop: int) -> Output:
+        """Rows ``:stop`` of this output, a view: writing into it writes here."""
+        return Output(self.spec, [b[:stop] for b in self.buffers], self.first_row, self.offset)
+
+    def like(self, *, pin: bool = False, shared: bool = False) -> Output:
+        """Empty CPU buffers shaped like these (a staging area)."""
+        bufs = []
+        for b in self.buffers:
+            buf = torch.empty(b.shape, dtype=b.dtype, pin_memory=pin)
+            if shared:
+                buf.share_memory_()
+            bufs.append(buf)
+        return Output(self.spec, bufs, self.first_row)
+
+    @functools.cached_property
+    def _layout(self) -> list[tuple[torch.Size, torch.dtype]]:
+        return [(b.shape[1:], b.dtype) for b in self.buffers]
+
+    def __getstate__(self) -> dict[str, Any]:  # never pickle the cached layout
+        return {k: v for k, v in self.__dict__.items() if k != "_layout"}
+
+    def write(self, i: int, result: Any) -> None:
+        with torch.no_grad():  # preprocessing: outputs carry no autograd history
+            self._write(i, result)
+
+    def _write(self, i: int, result: Any) -> None:
+        if (
+            isinstance(result, Tensor)
+            and self.spec.kind == "tensor"
+            and (result.shape, result.dtype) == self._layout[0]
+        ):
+            # the common case, kept short (a view per row: unbinding all rows up front
+            # costs a microsecond a row of the whole batch, before the first write)
+            self.buffers[0][i - self.offset].copy_(result)
+            return
+        spec, leaves = flatten(result, what=f"the row function, on row {i},")
+        if spec != self.spec:
+            raise StackError(
+                f"row {i} returned {_spec_text(spec)} but {self._origin()} "
+                f"{_spec_text(self.spec)}; every row must return the same structure"
+            )
+        for key, buf, leaf in zip(spec.keys or range(spec.n), self.buffers, leaves):
+            if leaf.shape != buf.shape[1:] or leaf.dtype != buf.dtype:
+                where = "" if spec.kind == "tensor" else f" (result {key!r})"
+                raise StackError(
+                    f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{where} but "
+                    f"{self._origin()} shape {tuple(buf.shape[1:])} {buf.dtype}; rows must "
+                    f"return equal shapes and dtypes to be stacked (pad or crop them in the "
+                    f"row function)"
+                )
+            buf[i - self.offset].copy_(leaf)
+
+    def write_block(self, start: int, results: Sequence[Any]) -> None:
+        """Rows ``start, start + 1, ...``: one ``torch.stack`` per leaf straight into the
+        output instead of a ``copy_`` per row (each torch call costs microseconds, so this
+        is what makes light rows cheap). On any mismatch it goes row by row, so that the
+        error names the row."""
+        try:
+            columns = self._columns(results)
+        except TypeError:  # a result that is not tensors: write() says which row
+            columns = None
+        if columns is None:
+            for k, result in enumerate(results):
+                self.write(start + k, result)
+            return
+        lo = start - self.offset
+        with torch.no_grad():  # preprocessing: outputs carry no autograd history
+            for buf, column in zip(self.buffers, columns):
+                torch.stack(column, out=buf[lo : lo + len(results)])
+
+    def _columns(self, results: Sequence[Any]) -> list[list[Tensor]] | None:
+        """Each leaf's tensors across ``results``, or None if a row does not match."""
+        if self.spec.kind == "tensor":
+            shape, dtype = self._layout[0]
+            ok = all(
+                isinstance(r, Tensor) and r.shape == shape and r.dtype == dtype for r in results
+            )
+            return [list(results)] if ok else None
+        columns: list[list[Tensor]] = [[] for _ in self.buffers]
+        for result in results:
+            spec, leaves = flatten(result)
+            if spec != self.spec:
+                return None
+            for column, leaf, (shape, dtype) in zip(columns, leaves, self._layout):
+                if leaf.shape != shape or leaf.dtype != dtype:
+                    return None
+                column.append(leaf)
+        return columns
+
+    def _origin(self) -> str:
+        return "out= expects" if self.first_row < 0 else f"row {self.first_row} returned"
+
+    def result(self) -> Result:
+        return self.spec.unflatten(self.buffers)
+
+
+def _spec_text(spec: Spec) -> str:
+    if spec.kind == "tensor":
+        return "a Tensor"
+    if spec.kind == "tuple":
+        return f"a tuple of {spec.n} Tensors"
+    return f"a dict with keys {list(spec.keys)}"

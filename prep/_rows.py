@@ -1,0 +1,268 @@
+"""What goes in: a batch split into rows, each of which calls the row function.
+
+:class:`TensorRows` holds a batch's columns (a Tensor, a tuple or a dict of
+Tensors) and calls the row function on row ``i`` of each; :class:`SampleRows`
+holds a list of samples. Both can take a slice (``take``: copies, ``head``:
+views), call a batched function on all their rows at once, and travel to worker
+processes cheaply: tensor columns by shared memory, samples as raw tensor bytes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import io
+import pickle
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+# ---------------------------------------------------------------- inputs
+
+
+class Rows(ABC):
+    """Rows of a batch; ``call(fn, i)`` runs the row function on row ``i``."""
+
+    #: whether a batched function can take all the rows in one call (tensor columns)
+    batched: ClassVar[bool] = False
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def call(self, fn: Callable[..., Any], i: int) -> Any: ...
+
+    def call_batched(self, fn: Callable[..., Any]) -> Any:
+        """``fn`` on every row at once (the columns themselves), where :attr:`batched`."""
+        raise TypeError(f"{type(self).__name__} has no batched form: a list of samples")
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of the batch's tensors (0 where not known without walking the rows)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the batch lives (CPU for a list of samples)."""
+        return torch.device("cpu")
+
+    @abstractmethod
+    def head(self, stop: int) -> Rows:
+        """The first ``stop`` rows, sharing this batch's memory."""
+
+    @abstractmethod
+    def take(self, start: int, stop: int) -> Rows:
+        """Rows ``start:stop`` as copies that own their memory (cheap to pickle; a row
+        function that changes its input in place changes the copy only)."""
+
+    @abstractmethod
+    def chunk(self, start: int, stop: int) -> Any:
+        """What a worker process needs, beyond :meth:`shell`, to run rows ``start:stop``."""
+
+    @abstractmethod
+    def shell(self) -> Rows:
+        """The part sent to a worker once per batch; ``with_chunk`` completes it."""
+
+    @abstractmethod
+    def with_chunk(self, payload: Any) -> Rows: ...
+
+    @abstractmethod
+    def layout(self) -> Any:
+        """What, besides the number of rows, makes batches alike for auto: its cached
+        choice for one holds for the others."""
+
+
+#: rows whose views are made together, on first use
+VIEWS = 64
+
+
+@dataclass(frozen=True)
+class TensorRows(Rows):
+    """Rows of one tensor, a tuple of tensors, or a dict of tensors (``names``)."""
+
+    columns: tuple[Tensor, ...]
+    names: tuple[str, ...] | None = None
+    offset: int = 0  # the batch index of this object's first row
+    batched: ClassVar[bool] = True
+
+    def __len__(self) -> int:
+        return self.columns[0].shape[0]
+
+    def call(self, fn: Callable[..., Any], i: int) -> Any:
+        j = i - self.offset
+        views = self._views.get(j // VIEWS) or self._unbind(j // VIEWS)
+        row = [v[j % VIEWS] for v in views]
+        if self.names is not None:
+            return fn(**dict(zip(self.names, row)))
+        return fn(*row)
+
+    @functools.cached_property
+    def _views(self) -> dict[int, list[tuple[Tensor, ...]]]:
+        return {}
+
+    def _unbind(self, block: int) -> list[tuple[Tensor, ...]]:
+        # one C++ call makes a block's row views (indexing a tensor per row costs 3x
+        # more); a block at a time, so rows that never run (auto hands them to a
+        # batched call) cost nothing. Threads may race to fill a block: the same views
+        views = [c[block * VIEWS : (block + 1) * VIEWS].unbind(0) for c in self.columns]
+        self._views[block] = views
+        return views
+
+    def __reduce__(self) -> tuple[Any, ...]:  # never pickle the cached row views
+        return (TensorRows, (self.columns, self.names, self.offset))
+
+    def call_batched(self, fn: Callable[..., Any]) -> Any:
+        if self.names is not None:
+            return fn(**dict(zip(self.names, self.columns)))
+        return fn(*self.columns)
+
+    def head(self, stop: int) -> TensorRows:
+        """The first ``stop`` rows."""
+        return TensorRows(tuple(c[:stop] for c in self.columns), self.names, self.offset)
+
+    def replace(self, columns: Sequence[Tensor]) -> TensorRows:
+        return TensorRows(tuple(columns), self.names)
+
+    def chunk(self, start: int, stop: int) -> None:
+        return None  # the columns already live in shared memory
+
+    def shell(self) -> TensorRows:
+        return TensorRows((), self.names)  # the worker puts its shared columns back in
+
+    def with_chunk(self, payload: Any) -> TensorRows:
+        return self
+
+    def take(self, start: int, stop: int) -> TensorRows:
+        """Rows ``start:stop`` as tensors that own their memory (cheap to pickle)."""
+        return TensorRows(tuple(c[start:stop].clone() for c in self.columns), self.names, start)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.columns)
+
+    def layout(self) -> Any:
+        shapes = tuple((tuple(c.shape[1:]), str(c.dtype), str(c.device)) for c in self.columns)
+        return (self.names, shapes)
+
+    @property
+    def device(self) -> torch.device:
+        """The first column's device that is not the CPU, if any (else the CPU)."""
+        return next(
+            (c.device for c in self.columns if c.device.type != "cpu"), self.columns[0].device
+        )
+
+
+@dataclass(frozen=True)
+class SampleRows(Rows):
+    """Rows that are arbitrary Python objects (``fn(sample)``), for collate functions."""
+
+    samples: Sequence[Any]
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return 0  # not known without walking the samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def call(self, fn: Callable[..., Any], i: int) -> Any:
+        return fn(self.samples[i - self.offset])
+
+    def chunk(self, start: int, stop: int) -> SampleRows:
+        return self.take(start, stop)
+
+    def shell(self) -> SampleRows:
+        return SampleRows(())
+
+    def with_chunk(self, payload: Any) -> SampleRows:
+        return payload
+
+    def head(self, stop: int) -> SampleRows:
+        """The first ``stop`` rows."""
+        return SampleRows(self.samples[:stop], self.offset)
+
+    def layout(self) -> Any:
+        return ("samples", type(self.samples[0]).__qualname__ if self.samples else None)
+
+    def take(self, start: int, stop: int) -> SampleRows:
+        return SampleRows(self.samples[start:stop], start)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # samples cross to workers as bytes from a pickler that copies each tensor's
+        # data raw: torch's own pickling costs about 0.2 ms a tensor (and its
+        # multiprocessing pickler a shared-memory segment each), 10x more for small ones
+        buffer = io.BytesIO()
+        _RawTensorPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(list(self.samples))
+        return (_load_samples, (buffer.getvalue(), self.offset))
+
+
+class _RawTensorPickler(pickle.Pickler):
+    """Pickles plain CPU tensors as their raw bytes (only their own elements, not the
+    storage a view may share with a whole data set)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            type(obj) is Tensor
+            and obj.device.type == "cpu"
+            and obj.layout == torch.strided
+            and not obj.requires_grad
+            and not obj.is_quantized
+        ):
+            t = obj.resolve_conj().resolve_neg().contiguous()
+            data = ctypes.string_at(t.data_ptr(), t.nbytes)
+            return (_raw_tensor, (data, t.dtype, tuple(t.shape)))
+        return NotImplemented
+
+
+def _raw_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _load_samples(blob: bytes, offset: int) -> SampleRows:
+    return SampleRows(pickle.loads(blob), offset)
+
+
+def rows_of(batch: Any) -> TensorRows:
+    """Split a Tensor, a tuple/list of Tensors or a dict of Tensors into rows."""
+    if isinstance(batch, Tensor):
+        cols: tuple[Any, ...] = (batch,)
+        names = None
+    elif isinstance(batch, Mapping):
+        names = tuple(batch)
+        cols = tuple(batch.values())
+    elif isinstance(batch, (tuple, list)):
+        names = None
+        cols = tuple(batch)
+    else:
+        raise TypeError(
+            f"batch must be a Tensor, a tuple/list of Tensors or a dict of Tensors, "
+            f"got {type(batch).__name__}; for a list of arbitrary samples use prep.map_samples"
+        )
+    if not cols:
+        raise ValueError("batch has no tensors; pass at least one column")
+    for key, col in zip(names or range(len(cols)), cols):
+        if not isinstance(col, Tensor):
+            raise TypeError(
+                f"batch column {key!r} is a {type(col).__name__}, expected a Tensor; "
+                f"for a list of arbitrary samples use prep.map_samples"
+            )
+        if col.dim() == 0:
+            raise ValueError(
+                f"batch column {key!r} is a 0-d tensor; rows run along dim 0, "
+                f"so every column needs at least one dimension"
+            )
+    sizes = {c.shape[0] for c in cols}
+    if len(sizes) > 1:
+        listed = ", ".join(f"{k}: {c.shape[0]}" for k, c in zip(names or range(len(cols)), cols))
+        raise ValueError(
+            f"batch columns have different numbers of rows ({listed}); "
+            f"every column needs the same size along dim 0"
+        )
+    return TensorRows(cols, names)
