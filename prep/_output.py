@@ -152,21 +152,72 @@ class Output:
             self.buffers[0][i - self.offset].copy_(result)
             return
         spec, leaves = flatten(result, what=f"the row function, on row {i},")
+        self.check_spec(i, spec)
+        for k, (buf, leaf) in enumerate(zip(self.buffers, leaves)):
+            if leaf.shape != buf.shape[1:] or leaf.dtype != buf.dtype:
+                raise self.mismatch(
+                    i, k, leaf, "equal shapes and dtypes to be stacked (pass pad= to pad them)"
+                )
+            buf[i - self.offset].copy_(leaf)
+
+    def check_spec(self, i: int, spec: Spec) -> None:
         if spec != self.spec:
             raise StackError(
                 f"row {i} returned {_spec_text(spec)} but {self._origin()} "
                 f"{_spec_text(self.spec)}; every row must return the same structure"
             )
-        for key, buf, leaf in zip(spec.keys or range(spec.n), self.buffers, leaves):
-            if leaf.shape != buf.shape[1:] or leaf.dtype != buf.dtype:
-                where = "" if spec.kind == "tensor" else f" (result {key!r})"
-                raise StackError(
-                    f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{where} but "
-                    f"{self._origin()} shape {tuple(buf.shape[1:])} {buf.dtype}; rows must "
-                    f"return equal shapes and dtypes to be stacked (pad or crop them in the "
-                    f"row function)"
-                )
-            buf[i - self.offset].copy_(leaf)
+
+    def mismatch(self, i: int, k: int, leaf: Tensor, need: str) -> StackError:
+        buf = self.buffers[k]
+        return StackError(
+            f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{self.where(k)} but "
+            f"{self._origin()} shape {tuple(buf.shape[1:])} {buf.dtype}; rows must "
+            f"return {need}"
+        )
+
+    def where(self, k: int) -> str:
+        """`` (result 'key')`` for leaf ``k`` of a tuple or dict result."""
+        if self.spec.kind == "tensor":
+            return ""
+        names: tuple[object, ...] = self.spec.keys or tuple(range(self.spec.n))
+        return f" (result {names[k]!r})"
+
+    def fail(self, i: int, value: bool | int | float | None) -> None:
+        """Row ``i`` failed (``on_error='fill'``): every leaf filled with ``value`` (0 if
+        None)."""
+        with torch.no_grad():
+            for buf in self.buffers:
+                buf[i - self.offset].fill_(0 if value is None else value)
+
+    def finish(self) -> None:
+        """Called once every row is written (a padded output trims itself here)."""
+
+    def empty_like(self, rows: int, pin: bool = False) -> Output:
+        """An output of ``rows`` rows for results like these (a worker's chunk's)."""
+        bufs = [
+            torch.empty((rows, *b.shape[1:]), dtype=b.dtype, pin_memory=pin) for b in self.buffers
+        ]
+        return Output(self.spec, bufs, self.first_row)
+
+    def merge(self, chunk: Output) -> None:
+        """The rows of a worker's ``chunk`` into rows ``chunk.offset:`` here."""
+        start = chunk.offset
+        self.check_spec(start, chunk.spec)
+        with torch.no_grad():
+            for k, (buf, part) in enumerate(zip(self.buffers, chunk.buffers)):
+                if part.shape[1:] != buf.shape[1:] or part.dtype != buf.dtype:
+                    raise self.mismatch(start, k, part[0], "equal shapes and dtypes (pass pad=)")
+                lo = start - self.offset
+                buf[lo : lo + len(part)].copy_(part)
+
+    def lengths(self) -> Result:
+        """Each row's size per leaf (all alike here): int64 ``[rows]`` for 1-D rows,
+        ``[rows, dims]`` else."""
+        sizes = [
+            torch.tensor(b.shape[1:], dtype=torch.int64).expand(len(b), b.dim() - 1).clone()
+            for b in self.buffers
+        ]
+        return self.spec.unflatten([s[:, 0] if s.shape[1] == 1 else s for s in sizes])
 
     def write_block(self, start: int, results: Sequence[Any]) -> None:
         """Rows ``start, start + 1, ...``: one ``torch.stack`` per leaf straight into the

@@ -29,6 +29,7 @@ class Rows(ABC):
 
     #: whether a batched function can take all the rows in one call (tensor columns)
     batched: ClassVar[bool] = False
+    offset: int  # the batch index of this object's first row
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -53,6 +54,10 @@ class Rows(ABC):
     @abstractmethod
     def head(self, stop: int) -> Rows:
         """The first ``stop`` rows, sharing this batch's memory."""
+
+    @abstractmethod
+    def window(self, start: int, stop: int) -> Rows:
+        """Rows ``start:stop`` (batch indices), sharing this batch's memory."""
 
     @abstractmethod
     def take(self, start: int, stop: int) -> Rows:
@@ -124,6 +129,10 @@ class TensorRows(Rows):
         """The first ``stop`` rows."""
         return TensorRows(tuple(c[:stop] for c in self.columns), self.names, self.offset)
 
+    def window(self, start: int, stop: int) -> TensorRows:
+        a, b = start - self.offset, stop - self.offset
+        return TensorRows(tuple(c[a:b] for c in self.columns), self.names, start)
+
     def replace(self, columns: Sequence[Tensor]) -> TensorRows:
         return TensorRows(tuple(columns), self.names)
 
@@ -188,6 +197,9 @@ class SampleRows(Rows):
 
     def layout(self) -> Any:
         return ("samples", type(self.samples[0]).__qualname__ if self.samples else None)
+
+    def window(self, start: int, stop: int) -> SampleRows:
+        return SampleRows(self.samples[start - self.offset : stop - self.offset], start)
 
     def take(self, start: int, stop: int) -> SampleRows:
         return SampleRows(self.samples[start:stop], start)

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from ._batch import Returns, run
 from ._checks import check_device, check_timeout
-from ._output import Output, Result
+from ._policy import Policy
 from ._rows import Rows, SampleRows, rows_of
 from .auto import AutoExecutor, Calibration, Calibrator
 from .errors import ConfigError
@@ -94,66 +95,42 @@ def _forget_inherited_pools() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_pools)
 
 
-def _run(
-    ex: Executor,
-    fn: Callable[..., Any],
-    rows: Rows,
-    *,
-    out: Any,
-    device: torch.device | None,
-    timeout: float | None,
-) -> Result:
-    """One batch through ``ex``: rows -> executor -> output -> device."""
-    n = len(rows)
-    given = Output.given(out, n) if out is not None else None
-    if n == 0 and given is not None:
-        return given.result()
-    home = rows.device
-    bound_for_cuda = device is not None and device.type == "cuda" and home.type == "cpu"
-    staging = given
-    if given is not None and any(b.device != home for b in given.buffers):
-        staging = given.like(pin=bound_for_cuda) if home.type == "cpu" else None
-        if staging is None:
-            raise ConfigError(
-                f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
-            )
-    job = Job(fn, rows, staging, timeout, pin=bound_for_cuda)
-    result = ex.run(job)
-    if result is None:  # 0 rows and no batched twin
-        raise ValueError(
-            "the batch has 0 rows, so no row result shows the output's shape; "
-            "pass out= (a preallocated result with 0 rows), or give the "
-            "function a batched twin with @prep.rowwise"
-        )
-    if given is not None:
-        if result is not given:
-            for dst, src in zip(given.buffers, result.buffers):
-                dst.copy_(src, non_blocking=src.is_pinned())
-        return given.result()
-    if device is None:
-        return result.result()
-    return result.spec.unflatten(
-        [
-            b if b.device == device else b.to(device, non_blocking=b.is_pinned())
-            for b in result.buffers
-        ]
-    )
-
-
 def _module_call(
     executor: str,
     fn: Callable[..., Any],
     rows: Rows,
     workers: int | None,
     *,
-    out: Any,
     device: Any,
     timeout: Any,
-) -> Result:
+    **options: Any,
+) -> Any:
     n_workers = resolve_workers(workers)
     dev, limit = check_device(device), check_timeout(timeout)
     ex = _warm_executor(_choose(_check_name(executor)), n_workers)
-    return _run(ex, fn, rows, out=out, device=dev, timeout=limit)
+    return _call(ex, fn, rows, device=dev, timeout=limit, **options)
+
+
+def _call(
+    ex: Executor,
+    fn: Callable[..., Any],
+    rows: Rows,
+    *,
+    device: torch.device | None,
+    timeout: float | None,
+    out: Any = None,
+    pad: Any = None,
+    pad_to: Any = None,
+    on_error: str = "raise",
+    fill: Any = None,
+    return_lengths: bool = False,
+    return_valid: bool = False,
+) -> Any:
+    policy = Policy.of(pad, pad_to, on_error, fill)
+    returns = Returns(return_lengths, return_valid)
+    return run(
+        ex, fn, rows, out=out, device=device, timeout=timeout, policy=policy, returns=returns
+    )
 
 
 def map_rows(
@@ -165,7 +142,13 @@ def map_rows(
     device: Any = None,
     out: Any = None,
     timeout: float | None = None,
-) -> Result:
+    pad: Any = None,
+    pad_to: Any = None,
+    return_lengths: bool = False,
+    on_error: str = "raise",
+    fill: Any = None,
+    return_valid: bool = False,
+) -> Any:
     """Run ``fn`` on every row of ``batch`` and stack the results into one output.
 
     ``batch`` is a Tensor (``fn(row)``), a tuple/list of Tensors with equal dim 0
@@ -184,14 +167,30 @@ def map_rows(
     batched call returns, autograd history included, and a twin that returns its
     input returns the batch itself.
 
+    Ragged rows: with ``pad=`` (a number, or one per result like ``{"ids": 0,
+    "mask": False}``) rows may differ in size; each is padded at the end of every
+    dim to the batch's largest, or to ``pad_to=`` (a shape, or one per result).
+    ``return_lengths=True`` also returns each row's size (int64 ``[B]`` for 1-D
+    rows, ``[B, dims]`` else). Bad rows: ``on_error="fill"`` fills a failed
+    row with ``fill=`` (default: the pad value, else 0), ``"skip"`` leaves it
+    out; either warns once, and ``return_valid=True`` also returns a bool ``[B]``
+    mask of the rows that succeeded. With return flags the call returns
+    ``(out, lengths, valid)``, those asked for, in that order.
+
     >>> import torch, prep
     >>> prep.map_rows(lambda r: r.flip(0), torch.arange(6).view(2, 3), executor="threads")
     tensor([[2, 1, 0],
             [5, 4, 3]])
+    >>> prep.map_samples(torch.arange, [2, 4, 1], pad=-1, executor="serial")
+    tensor([[ 0,  1, -1, -1],
+            [ 0,  1,  2,  3],
+            [ 0, -1, -1, -1]])
     """
     return _module_call(
-        executor, fn, rows_of(batch), workers, out=out, device=device, timeout=timeout
-    )
+        executor, fn, rows_of(batch), workers, device=device, timeout=timeout, out=out,
+        pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
+        fill=fill, return_valid=return_valid,
+    )  # fmt: skip
 
 
 def map_samples(
@@ -203,17 +202,19 @@ def map_samples(
     device: Any = None,
     out: Any = None,
     timeout: float | None = None,
-) -> Result:
+    pad: Any = None,
+    pad_to: Any = None,
+    return_lengths: bool = False,
+    on_error: str = "raise",
+    fill: Any = None,
+    return_valid: bool = False,
+) -> Any:
     """Like :func:`map_rows`, over a list of arbitrary samples: ``fn(sample)`` for each."""
     return _module_call(
-        executor,
-        fn,
-        SampleRows(list(samples)),
-        workers,
-        out=out,
-        device=device,
-        timeout=timeout,
-    )
+        executor, fn, SampleRows(list(samples)), workers, device=device, timeout=timeout,
+        out=out, pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
+        fill=fill, return_valid=return_valid,
+    )  # fmt: skip
 
 
 def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -> Calibration:
@@ -272,19 +273,19 @@ class Pool:
                 ex = self._executors[name] = REGISTRY[name](self.workers)
             return ex
 
-    def map_rows(self, fn: Callable[..., Any], batch: Any, *, out: Any = None) -> Result:
-        """:func:`map_rows` with this pool's executor, workers, device and timeout."""
-        return self._call(fn, rows_of(batch), out)
+    def map_rows(self, fn: Callable[..., Any], batch: Any, **options: Any) -> Any:
+        """:func:`map_rows` with this pool's executor, workers, device and timeout; the
+        same keywords (``out``, ``pad``, ``pad_to``, ``return_lengths``, ``on_error``,
+        ``fill``, ``return_valid``)."""
+        return self._call(fn, rows_of(batch), options)
 
-    def map_samples(
-        self, fn: Callable[[Any], Any], samples: Sequence[Any], *, out: Any = None
-    ) -> Result:
+    def map_samples(self, fn: Callable[[Any], Any], samples: Sequence[Any], **options: Any) -> Any:
         """:func:`map_samples` with this pool's executor, workers, device and timeout."""
-        return self._call(fn, SampleRows(list(samples)), out)
+        return self._call(fn, SampleRows(list(samples)), options)
 
-    def _call(self, fn: Callable[..., Any], rows: Rows, out: Any) -> Result:
+    def _call(self, fn: Callable[..., Any], rows: Rows, options: dict[str, Any]) -> Any:
         ex = self._get(_choose(self.executor))
-        return _run(ex, fn, rows, out=out, device=self.device, timeout=self.timeout)
+        return _call(ex, fn, rows, device=self.device, timeout=self.timeout, **options)
 
     def explain(self) -> str:
         """What ``auto`` measured and chose for each signature this pool has seen."""

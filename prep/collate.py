@@ -29,8 +29,10 @@ from typing import Any
 
 import torch
 
+from ._batch import Returns
 from ._checks import check_device
-from ._output import Result
+from ._output import Result, flatten
+from ._policy import Policy
 from .api import AUTO, Pool
 from .executors import available_cores, executor_class, in_worker_process, resolve_workers
 
@@ -62,6 +64,12 @@ class Collate:
         device: Any = None,
         pin_memory: bool = False,
         collate: Callable[[list[Any]], Any] | None = None,
+        pad: Any = None,
+        pad_to: Any = None,
+        return_lengths: bool = False,
+        on_error: str = "raise",
+        fill: Any = None,
+        return_valid: bool = False,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"Collate needs a callable row function, got {fn!r}")
@@ -72,6 +80,12 @@ class Collate:
         self.device = check_device(device)
         self.pin_memory = pin_memory
         self.collate = collate
+        self.options = {
+            "pad": pad, "pad_to": pad_to, "return_lengths": return_lengths,
+            "on_error": on_error, "fill": fill, "return_valid": return_valid,
+        }  # fmt: skip
+        Policy.of(pad, pad_to, on_error, fill)  # checked here, not at the first batch
+        Returns(return_lengths, return_valid)
         self._pool: Pool | None = None
         self._pid: int | None = None
         self._warned_device = False
@@ -96,9 +110,9 @@ class Collate:
     def __call__(self, samples: Sequence[Any]) -> Result:
         pool = self._get_pool()
         if self.collate is not None:
-            result = pool.map_rows(self.fn, self.collate(list(samples)))
+            result = pool.map_rows(self.fn, self.collate(list(samples)), **self.options)
         else:
-            result = pool.map_samples(self.fn, samples)
+            result = pool.map_samples(self.fn, samples, **self.options)
         in_worker = in_worker_process()
         if (
             in_worker
@@ -115,7 +129,9 @@ class Collate:
                 stacklevel=2,
             )
         if self.pin_memory and not in_worker and self.device is None and torch.cuda.is_available():
-            result = _apply(result, torch.Tensor.pin_memory)
+            result = _pinned(
+                result, extras=self.options["return_lengths"] or self.options["return_valid"]
+            )
         return result
 
     def close(self) -> None:
@@ -130,16 +146,18 @@ class Collate:
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
+        policy = Policy.of(*(self.options[k] for k in ("pad", "pad_to", "on_error", "fill")))
+        extra = "".join(f", {part}" for part in [policy.describe()] if part)
         return (
             f"prep.Collate({name}, executor={self.executor!r}, workers={self.workers}, "
             f"device={str(self.device) if self.device else None!r}, "
-            f"pin_memory={self.pin_memory})"
+            f"pin_memory={self.pin_memory}{extra})"
         )
 
 
-def _apply(result: Result, f: Callable[[torch.Tensor], torch.Tensor]) -> Result:
-    if isinstance(result, torch.Tensor):
-        return f(result)
-    if isinstance(result, dict):
-        return {k: f(v) for k, v in result.items()}
-    return tuple(f(v) for v in result)
+def _pinned(result: Any, extras: bool) -> Any:
+    """The output (the first of ``(out, lengths, valid)`` with ``extras``) in pinned memory."""
+    if extras:
+        return (_pinned(result[0], extras=False), *result[1:])
+    spec, leaves = flatten(result)
+    return spec.unflatten([t.pin_memory() for t in leaves])

@@ -142,3 +142,21 @@ def nap(i: int) -> int:
     """A task that takes 20 ms on any machine (a sleep needs no CPU)."""
     time.sleep(0.02)
     return i
+
+
+def variable(sample: torch.Tensor) -> torch.Tensor:
+    """``sample`` = [length, fails, value]: ``length`` copies of ``value`` (float32),
+    or a ValueError where ``fails`` is 1."""
+    length, fails, value = (int(v) for v in sample[:3])
+    if fails:
+        raise ValueError(f"bad sample {value}")
+    return torch.full((length,), float(value))
+
+
+def ragged_2d(sample: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``sample`` = [h, w, value]: a dict of an int64 ``[h, w]`` block and a bool ``[w]``."""
+    h, w, value = (int(v) for v in sample[:3])
+    return {
+        "ids": torch.full((h, w), value, dtype=torch.int64),
+        "mask": torch.ones(w, dtype=torch.bool),
+    }

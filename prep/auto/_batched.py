@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._output import Output, flatten
-from ..executors._base import Job
+from ..errors import ExecutorUnavailable
+from ..executors._base import Executor, Job
 from ..executors.vectorized import VmapExecutor
 
 if TYPE_CHECKING:
@@ -39,7 +40,13 @@ def twin_first(c: Calibrator) -> bool:
     scratch = Job(job.fn, job.rows.take(0, min(c.n, 4)), None, deadline=job.clock)
     c.serial(budget_rows=4, progress=Progress(scratch))
     t = c.now()
-    job.output = c.get("vectorized").run(job)
+    try:
+        job.output = c.get("vectorized").run(job.strict())
+    except Exception as exc:
+        if not job.policy.per_row_errors:
+            raise  # the twin's own error, as executor="vectorized" would raise it
+        c.cal.dropped["vectorized"] = f"it failed on this batch ({why(exc)})"
+        return False  # rows run one by one, so a failing row fails alone
     c.cal.vectorized_row = (c.now() - t) / c.n
     c.main.done = c.n
     return True
@@ -77,7 +84,7 @@ def vmap_first(c: Calibrator) -> bool:
         return False
     t = c.now()
     try:
-        out = ex.run(job)  # every row (the job starts at 0)
+        out = ex.run(job.strict())  # every row (the job starts at 0)
     except Exception as exc:
         cal.dropped["vmap"] = why(exc)
         return False
@@ -116,6 +123,21 @@ def vmap_agrees(c: Calibrator) -> bool:
     if not same:
         cal.dropped["vmap"] = "its results differ from serial"
     return same
+
+
+def run_tolerant(ex: Executor, job: Job) -> Output | None:
+    """``ex.run(job)``; a batched form under ``on_error='fill'``/``'skip'`` runs as one
+    strict call, and if that fails the rows run one by one in this thread, so a
+    failing row fails alone (a batch with a bad row is no reason to re-calibrate)."""
+    if ex.per_row or not job.policy.per_row_errors:
+        return ex.run(job)
+    try:
+        return ex.run(job.strict())
+    except ExecutorUnavailable:
+        raise
+    except Exception:
+        job.run_range(job.start, len(job.rows))
+        return job.output
 
 
 def _vmap(c: Calibrator) -> VmapExecutor:

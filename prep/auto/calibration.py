@@ -311,6 +311,7 @@ def _fn_key(fn: Callable[..., Any]) -> Any:
     )
 
 
-def signature(fn: Callable[..., Any], rows: Rows, pinned: bool) -> Any:
-    """What a cached choice is valid for (everything but the number of rows)."""
-    return (_fn_key(fn), rows.layout(), pinned)
+def signature(fn: Callable[..., Any], rows: Rows, pinned: bool, policy: Any = None) -> Any:
+    """What a cached choice is valid for (everything but the number of rows); with
+    ``pad=`` or ``on_error=`` another choice (they rule batched forms in or out)."""
+    return (_fn_key(fn), rows.layout(), pinned, repr(policy))

@@ -82,7 +82,7 @@ class Progress:
 
     def run(self, ex: Executor, stop: int) -> None:
         """Rows ``done:stop`` with ``ex``, into the job's output, under its deadline."""
-        ex.run(self.job.part(self.done, stop))
+        _batched.run_tolerant(ex, self.job.part(self.done, stop))
         self.done = stop
 
 
@@ -123,7 +123,7 @@ class Calibrator:
     def run(self) -> Calibration:
         t0 = self.now()
         cal = self.cal
-        tensors = self.job.rows.batched
+        tensors = self.job.rows.batched and self._batched_forms_allowed()
         twin = tensors and twin_of(self.job.fn) is not None
         first = _batched.twin_first if twin else _batched.vmap_first
         if self.prior is None and tensors and first(self):
@@ -136,7 +136,7 @@ class Calibrator:
         # no batched form, or the batch after one that did not win outright
         batched = "vectorized" if twin else ("vmap" if self._prior_row("vmap") else None)
         self.serial(budget_rows=max(4, min(32, self.n // 8)))
-        if not tensors:
+        if not tensors and "vectorized, vmap" not in cal.dropped:
             cal.dropped["vectorized"] = "a list of samples has no batched form"
         elif batched == "vmap" and not _batched.vmap_agrees(self):
             batched = None
@@ -152,6 +152,15 @@ class Calibrator:
         if batched and self.main.left:
             self._run_rest(batched)
         return self._finish(t0)
+
+    def _batched_forms_allowed(self) -> bool:
+        if self.job.policy.padding is None:
+            return True
+        self.cal.dropped["vectorized, vmap"] = (
+            "with pad=, rows are padded one by one (vmap cannot return ragged rows, and a "
+            "twin's padded batch says nothing of each row's length)"
+        )
+        return False
 
     # ------------------------------------------------------------ serial
 

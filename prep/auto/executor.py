@@ -31,6 +31,7 @@ from ..errors import ExecutorUnavailable
 from ..executors import _spawn
 from ..executors._base import Executor, Job, in_worker_process
 from ..executors.processes import ProcessExecutor
+from ._batched import run_tolerant
 from .calibration import Calibration, signature
 from .calibrator import Calibrator, now, on_cuda
 
@@ -124,7 +125,7 @@ class AutoExecutor(Executor):
             twin = job.rows.batched and twin_of(job.fn) is not None
             return self._get("vectorized" if twin else "serial").run(job)
         allow = not in_worker_process()
-        key = signature(job.fn, job.rows, job.pin)
+        key = signature(job.fn, job.rows, job.pin, job.policy)
         cal = self._kept(key, n)
         if cal is not None and not allow and "processes" in cal.predicted:
             cal = None  # a choice made where processes were allowed: measure again here
@@ -150,7 +151,7 @@ class AutoExecutor(Executor):
         start, cuda = job.start, on_cuda(job.rows)
         t = now(cuda)
         try:
-            out = self._get(name).run(job)
+            out = run_tolerant(self._get(name), job)
         except ExecutorUnavailable as exc:  # raised before any row ran, by its contract
             self._fall_back(cal, name, exc)
             return self._run(cal, cal.choice, job, observe=observe)

@@ -15,10 +15,12 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._output import Output
+from .._padding import allocate
+from .._policy import RAISE, Failures, Policy
 from .._rows import Rows
 from ..errors import BatchTimeout, ConfigError, RowError
 
@@ -69,6 +71,8 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
 
 #: rows computed before they are written with one torch.stack per output tensor
 BLOCK = 32
+#: what :meth:`Job.outcome` gives for a row that failed under a per-row error policy
+FAILED: Any = object()
 
 
 class Deadline:
@@ -108,6 +112,9 @@ class Job:
     pin: bool = False  # allocate the output in pinned memory (a CUDA copy follows)
     start: int = 0
     deadline: Deadline | None = None  # another job's, to share it; else one from ``timeout``
+    policy: Policy = RAISE  # padding, and what a failing row does
+    failures: Failures = field(default_factory=Failures)  # shared by a job's parts
+    shared: bool = False  # allocate the output in shared memory (a worker's chunk)
 
     def __post_init__(self) -> None:
         self.clock = self.deadline or Deadline(self.timeout)
@@ -119,7 +126,26 @@ class Job:
         if stop is not None and stop < len(rows):
             assert out is not None, "a part up to a stop writes into an allocated output"
             rows, out = rows.head(stop), out.head(stop)
-        return Job(self.fn, rows, out, self.timeout, self.pin, start, self.clock)
+        return Job(
+            self.fn,
+            rows,
+            out,
+            self.timeout,
+            self.pin,
+            start,
+            self.clock,
+            self.policy,
+            self.failures,
+        )
+
+    def strict(self) -> Job:
+        """This job with ``on_error='raise'``: for a batched call, which cannot keep a
+        failing row's error to that row (the caller then runs the rows one by one)."""
+        policy = Policy(self.policy.padding)
+        return Job(
+            self.fn, self.rows, self.output, self.timeout, self.pin, self.start, self.clock,
+            policy, self.failures, self.shared,
+        )  # fmt: skip
 
     def restart_clock(self) -> None:
         self.clock.restart()
@@ -149,10 +175,48 @@ class Job:
 
     def store(self, i: int, result: Any, *, shared: bool = False) -> None:
         if self.output is None:
-            self.output = Output.allocate(
-                result, len(self.rows), row=i, pin=self.pin, shared=shared
+            self.adopt(
+                allocate(
+                    result,
+                    len(self.rows),
+                    padding=self.policy.padding,
+                    row=i,
+                    pin=self.pin,
+                    shared=shared or self.shared,
+                    offset=self.rows.offset,
+                )
             )
+        assert self.output is not None
         self.output.write(i, result)
+
+    def adopt(self, output: Output) -> None:
+        """``output`` becomes the batch's, filled where rows failed before it existed."""
+        self.output = output
+        for row in self.failures.rows():
+            output.fail(row, self.policy.fill)
+
+    def merge(self, chunk: Output) -> None:
+        """A worker's chunk of rows into the output (made like it, if there is none)."""
+        if self.output is None:
+            self.adopt(chunk.empty_like(len(self.rows), pin=self.pin))
+        assert self.output is not None
+        self.output.merge(chunk)
+
+    def fail(self, i: int, error: RowError) -> None:
+        """Row ``i`` failed under ``on_error='fill'``/``'skip'``: noted, and filled."""
+        self.failures.add(i, error)
+        if self.output is not None:
+            self.output.fail(i, self.policy.fill)
+
+    def outcome(self, i: int) -> Any:
+        """:meth:`compute`, or FAILED where the policy keeps a row's error to itself."""
+        try:
+            return self.compute(i)
+        except RowError as error:
+            if not self.policy.per_row_errors:
+                raise
+            self.fail(i, error)
+            return FAILED
 
     def run_range(self, start: int, stop: int, cancelled: Callable[[], bool] = bool) -> None:
         """Compute and store rows ``start:stop`` in this thread, a block at a time."""
@@ -160,15 +224,21 @@ class Job:
         while i < stop and not cancelled():
             if self.output is None:
                 self.check_deadline()  # the first row fixes the output's shape
-                self.store(i, self.compute(i))
+                if (result := self.outcome(i)) is not FAILED:
+                    self.store(i, result)
                 i += 1
                 continue
             end = min(stop, i + BLOCK)
             results = []
             for j in range(i, end):
                 self.check_deadline()  # per row: a slow row cannot hide a block's worth
-                results.append(self.compute(j))
-            self.output.write_block(i, results)
+                results.append(self.outcome(j))
+            if any(r is FAILED for r in results):
+                for j, r in enumerate(results, start=i):
+                    if r is not FAILED:
+                        self.output.write(j, r)
+            else:
+                self.output.write_block(i, results)
             i = end
 
 

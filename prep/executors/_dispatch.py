@@ -28,6 +28,10 @@ class Dispatch:
     def __init__(self, workers: list[Worker], job: Job) -> None:
         self.workers = workers
         self.job = job
+        # rows that may differ in size or fail on their own come back as chunks, each
+        # in shared memory of its worker's (the parent merges them); others are
+        # written in place, into the one output every worker maps
+        self.chunked = not job.policy.plain
 
     def run(self, shell: Any, keys: list[int], columns: dict[int, torch.Tensor]) -> None:
         """The batch's rows, every one written into ``job.output``, or the lowest row's
@@ -36,10 +40,10 @@ class Dispatch:
         for w in self.workers:
             w.held = None
             new = {k: columns[k] for k in keys if k not in w.keys}
-            w.conn.send(("batch", shell, keys, new, job.output))
+            w.conn.send(("batch", shell, keys, new, None if self.chunked else job.output))
             w.keys = set(keys)
         pending: deque[tuple[int, int]] = deque()
-        if job.output is None:  # a worker runs row 0 first; its result fixes the output
+        if job.output is None and not self.chunked:  # row 0's result fixes the output
             self._send(self.workers[0], 0, 1, probe=True)
             self._collect(stop_on_error=True)
             for w in self.workers:
@@ -60,7 +64,11 @@ class Dispatch:
 
     def _send(self, w: Worker, start: int, stop: int, probe: bool = False) -> None:
         w.held = (start, stop)
-        w.conn.send(("run", start, stop, self.job.rows.chunk(start, stop), probe))
+        payload = self.job.rows.chunk(start, stop)
+        if self.chunked:
+            w.conn.send(("chunk", start, stop, payload, self.job.policy))
+        else:
+            w.conn.send(("run", start, stop, payload, probe))
 
     def _collect(self, stop_on_error: bool = False) -> list[BaseException]:
         """Wait for the next replies; returns row errors, raises on crash or timeout."""
@@ -100,6 +108,10 @@ class Dispatch:
         job, tag = self.job, msg[0]
         if tag == "done":
             w.held = None
+            return []
+        if tag == "chunk":
+            w.held = None
+            _worker.merge_chunk(job, msg)
             return []
         if tag == "probe":
             w.held = None

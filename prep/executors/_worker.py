@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from .._output import Output, flatten
+from .._policy import RAISE, Policy
 from .._rows import Rows, TensorRows
 from ..errors import RemoteTraceback, RowError
-from ._base import BLOCK
+from ._base import BLOCK, Job
 
 _THREAD_VARS = (
     "OMP_NUM_THREADS",
@@ -131,19 +132,39 @@ def error_from_reply(reply: tuple[Any, ...]) -> BaseException:
     return err
 
 
-def run_chunk(fn: Any, rows: Rows, start: int, stop: int) -> tuple[Any, ...]:
-    """Rows ``start:stop`` into a chunk-sized output, returned whole (the joblib path)."""
+def run_chunk(
+    fn: Any, rows: Rows, start: int, stop: int, policy: Policy = RAISE, shared: bool = False
+) -> tuple[Any, ...]:
+    """Rows ``start:stop`` into an output of their own, returned whole: ``("chunk",
+    start, stop, output or None, failed rows' error replies)``, or the first error.
+
+    joblib's tasks run this, and so do ``processes`` workers where rows may differ
+    in size or fail on their own (``pad=``, ``on_error=``): an output in shared
+    memory (``shared``), which goes back by file descriptor, not through the pipe.
+    """
+    job = Job(fn, rows.window(start, stop), policy=policy, shared=shared)
     try:
-        first = rows.call(fn, start)
-    except Exception as exc:
-        return _error(start, exc)
-    try:
-        out = Output.allocate(first, stop - start, row=start, offset=start)
-        out.write(start, first)
-    except Exception as exc:
-        return _error(start, exc, "bad-result")
-    reply = write_rows(fn, rows, out, start + 1, stop)
-    return ("done", start, out.spec, out.buffers) if reply[0] == "done" else reply
+        job.run_range(start, stop)
+    except RowError as err:
+        return _error(err.row, err.__cause__ if isinstance(err.__cause__, Exception) else err)
+    except Exception as exc:  # a result of the wrong type or shape
+        return _error(getattr(exc, "row", start), exc, "bad-result")
+    failed = [
+        _error(i, e.__cause__ if isinstance(e.__cause__, Exception) else e)
+        for i, e in sorted(job.failures.errors.items())
+    ]
+    return ("chunk", start, stop, job.output, failed)
+
+
+def merge_chunk(job: Job, reply: tuple[Any, ...]) -> None:
+    """A ``("chunk", ...)`` reply into ``job``: its rows, and its failed rows noted."""
+    _, _, _, chunk, failed = reply
+    for error_reply in failed:
+        err = error_from_reply(error_reply)
+        assert isinstance(err, RowError)
+        job.fail(err.row, err)
+    if chunk is not None:
+        job.merge(chunk)
 
 
 def main(conn: Connection, main_pid: int, threads: int) -> None:
@@ -181,11 +202,13 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
         if tag == "output":
             out = msg[1]
             continue
-        # ("run", start, stop, payload, probe)
+        # ("run", start, stop, payload, probe) or ("chunk", start, stop, payload, policy)
         _, start, stop, payload, probe = msg
         rows = shell.with_chunk(payload)
         reply: tuple[Any, ...]
-        if probe:  # one row, sent back whole: its result fixes the output's shape
+        if tag == "chunk":
+            reply = run_chunk(fn, rows, start, stop, policy=probe, shared=True)
+        elif probe:  # one row, sent back whole: its result fixes the output's shape
             try:
                 result = rows.call(fn, start)
             except Exception as exc:

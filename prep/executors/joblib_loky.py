@@ -23,7 +23,7 @@ import loky
 from loky.process_executor import TerminatedWorkerError
 
 from .._output import Output
-from ..errors import StackError, WorkerCrashed
+from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
 
@@ -43,7 +43,7 @@ class JoblibExecutor(Executor):
         pool = self._started(job)
         chunks = list(iter_chunks(n, self.workers, per_worker=2, first=job.start))
         futures = {
-            pool.submit(_worker.run_chunk, job.fn, job.rows.take(a, b), a, b): (a, b)
+            pool.submit(_worker.run_chunk, job.fn, job.rows.take(a, b), a, b, job.policy): (a, b)
             for a, b in chunks
         }
         errors: list[BaseException] = []
@@ -99,19 +99,9 @@ class JoblibExecutor(Executor):
             pool.shutdown(wait=True, kill_workers=True)
 
     def _write(self, job: Job, reply: tuple[Any, ...]) -> list[BaseException]:
-        if reply[0] != "done":
+        if reply[0] != "chunk":
             return [_worker.error_from_reply(reply)]
-        _, start, spec, leaves = reply
-        if job.output is None:
-            job.output = Output.allocate(
-                spec.unflatten([t[0] for t in leaves]), len(job.rows), row=start, pin=job.pin
-            )
-        out = job.output
-        for buf, leaf in zip(out.buffers, leaves):
-            if spec != out.spec or leaf.shape[1:] != buf.shape[1:] or leaf.dtype != buf.dtype:
-                out.write(start, spec.unflatten([t[0] for t in leaves]))  # raises StackError
-                raise StackError(f"rows {start}-{start + len(leaf) - 1} do not match the output")
-            buf[start : start + len(leaf)].copy_(leaf)
+        _worker.merge_chunk(job, reply)
         return []
 
 

@@ -170,8 +170,11 @@ class ProcessExecutor(Executor):
         self._load(job.fn, blob, job.remaining())
         shell, keys, columns = self._arena.share(job.rows)
         given = job.output
-        if given is not None and not all(
-            b.is_shared() and b.is_contiguous() for b in given.buffers
+        in_place = job.policy.plain  # else chunks come back, merged here (_dispatch)
+        if (
+            in_place
+            and given is not None
+            and not all(b.is_shared() and b.is_contiguous() for b in given.buffers)
         ):
             check_shm(given.nbytes, "the output")
             job.output = given.like(shared=True)  # staging; copied into out= at the end
@@ -188,7 +191,8 @@ class ProcessExecutor(Executor):
                 job.output = given
             raise
         out = job.output
-        assert out is not None, "the first row allocated it"
+        if out is None:
+            return None  # every row failed (on_error='fill'/'skip'): none gave a shape
         if given is not None and out is not given:
             for dst, src in zip(given.buffers, out.buffers):
                 dst[job.start :].copy_(src[job.start :])  # rows before were written in place

@@ -20,5 +20,4 @@ class SerialExecutor(Executor):
 
     def run(self, job: Job) -> Output | None:
         job.run_range(job.start, len(job.rows))
-        assert job.output is not None or len(job.rows) == 0
-        return job.output
+        return job.output  # None if every row failed (or there are none)

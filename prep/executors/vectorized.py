@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .._output import Output, flatten
+from .._policy import Policy
 from .._rows import TensorRows
 from .._rowwise import twin_of
 from ..errors import ConfigError
@@ -40,6 +43,7 @@ class VectorizedExecutor(Executor):
                 f"of samples; use map_rows, or another executor"
             )
         twin, what = self.batched(job.fn)
+        twin = self._with_policy(twin, what, job.policy)
         rows = job.rows
         if job.start:  # the first rows are already in the output: run the rest only
             rows = rows.replace([c[job.start :] for c in rows.columns])
@@ -56,6 +60,8 @@ class VectorizedExecutor(Executor):
                 )
         if job.output is None:
             return Output(spec, leaves)
+        if job.policy.padding is not None and job.start == 0:
+            return Output(spec, leaves)  # the twin padded the batch itself
         # the output exists (out= or earlier rows): check one row's shape like the other
         # executors do, then copy the rest in one go
         out = job.output
@@ -64,6 +70,37 @@ class VectorizedExecutor(Executor):
         for buf, leaf in zip(out.buffers, leaves):
             buf[job.start :].copy_(leaf)
         return out
+
+    def _with_policy(
+        self, twin: Callable[..., Any], what: str, policy: Policy
+    ) -> Callable[..., Any]:
+        """The twin, given ``pad``/``pad_to`` when it takes them; one call for the whole
+        batch cannot keep one row's error to that row."""
+        if policy.per_row_errors:
+            raise ConfigError(
+                f"executor={self.name!r} makes the whole batch in one call, so a failing row "
+                f"fails it: on_error={policy.on_error!r} needs a per-row executor (serial, "
+                f"threads, processes, joblib or auto)"
+            )
+        padding = policy.padding
+        if padding is None:
+            return twin
+        if self.name == "vmap":
+            raise ConfigError(
+                "executor='vmap' cannot return ragged rows (every row of a vmap has one "
+                "shape); use a per-row executor with pad=, or a twin that pads"
+            )
+        wants = {"pad": padding.pad} | ({"pad_to": padding.to} if padding.to is not None else {})
+        batched = getattr(getattr(twin, "twin", None), "batched", twin)  # a rowwise twin's own
+        params = inspect.signature(batched).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        if not takes_any and not set(wants) <= set(params):
+            raise ConfigError(
+                f"{what} takes no {' or '.join(sorted(set(wants) - set(params)))} argument, so "
+                f"executor={self.name!r} cannot pad; give the twin pad= (and pad_to=) "
+                f"parameters, or use a per-row executor"
+            )
+        return functools.partial(twin, **wants)
 
 
 def _name(fn: object) -> str:

@@ -1,0 +1,130 @@
+"""One batch, start to end: rows -> executor -> output -> device, and what the call
+returns (the output, and the lengths and valid mask it was asked for).
+
+Failed rows (``on_error='fill'``/``'skip'``) are filled as they fail, wherever
+they ran; a call that had any warns once; ``'skip'`` then keeps the valid rows,
+in input order (one copy of what remains).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._output import Output, Result
+from ._padding import given_padded
+from ._policy import Failures, Policy
+from ._rows import Rows
+from .errors import ConfigError, RowError
+from .executors import Executor, Job
+
+
+@dataclass(frozen=True)
+class Returns:
+    """What a call returns beside the output: ``(out, lengths, valid)``, those asked for."""
+
+    lengths: bool = False
+    valid: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("lengths", "valid"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"return_{name}={getattr(self, name)!r} is not True or False")
+
+
+def run(
+    ex: Executor,
+    fn: Callable[..., Any],
+    rows: Rows,
+    *,
+    out: Any,
+    device: torch.device | None,
+    timeout: float | None,
+    policy: Policy,
+    returns: Returns = Returns(),  # noqa: B008 (frozen, so one shared default is safe)
+) -> Any:
+    """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it."""
+    n = len(rows)
+    given = _given(out, n, policy)
+    home = rows.device
+    bound_for_cuda = device is not None and device.type == "cuda" and home.type == "cpu"
+    staging = given
+    if given is not None and any(b.device != home for b in given.buffers):
+        if home.type != "cpu":
+            raise ConfigError(
+                f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
+            )
+        staging = given.like(pin=bound_for_cuda)
+    job = Job(fn, rows, staging, timeout, pin=bound_for_cuda, policy=policy)
+    result = given if n == 0 and given is not None else ex.run(job)
+    if result is None:
+        raise _no_shape(n, job.failures, policy)
+    result.finish()
+    if job.failures:
+        job.failures.warn(n, policy, stacklevel=4)
+    if given is not None and result is not given:
+        for dst, src in zip(given.buffers, result.buffers):
+            dst.copy_(src, non_blocking=src.is_pinned())
+        result = given
+    valid = torch.ones(n, dtype=torch.bool)
+    valid[job.failures.rows()] = False
+    lengths = result.lengths() if returns.lengths else None
+    if policy.on_error == "skip" and job.failures:
+        keep = valid.nonzero().flatten()
+        result = Output(result.spec, [b.index_select(0, keep.to(b.device)) for b in result.buffers])
+        lengths = _select(lengths, keep) if lengths is not None else None
+    out_value = _to(result, device)
+    extra = [x for x, asked in ((lengths, returns.lengths), (valid, returns.valid)) if asked]
+    return (out_value, *extra) if extra else out_value
+
+
+def _given(out: Any, n: int, policy: Policy) -> Output | None:
+    if out is None:
+        return None
+    if policy.padding is None:
+        return Output.given(out, n)
+    return given_padded(out, n, policy.padding)
+
+
+def _to(result: Output, device: torch.device | None) -> Result:
+    if device is None:
+        return result.result()
+    return result.spec.unflatten(
+        [
+            b if b.device == device else b.to(device, non_blocking=b.is_pinned())
+            for b in result.buffers
+        ]
+    )
+
+
+def _select(lengths: Any, keep: Tensor) -> Any:
+    if isinstance(lengths, Tensor):
+        return lengths.index_select(0, keep)
+    if isinstance(lengths, dict):
+        return {k: v.index_select(0, keep) for k, v in lengths.items()}
+    return tuple(v.index_select(0, keep) for v in lengths)
+
+
+def _no_shape(n: int, failures: Failures, policy: Policy) -> BaseException:
+    if failures:
+        first = min(failures.errors)
+        err = RowError(
+            first,
+            f"every one of the {n} rows failed (on_error={policy.on_error!r}), so no row "
+            f"result shows the output's shape; pass out= (a preallocated result) to get "
+            f"it filled anyway. The first, row {first}: {failures.errors[first]}",
+        )
+        err.__cause__ = failures.errors[first]
+        return err
+    return ValueError(
+        "the batch has 0 rows, so no row result shows the output's shape; "
+        "pass out= (a preallocated result with 0 rows), or give the "
+        "function a batched twin with @prep.rowwise"
+    )
+
+
+__all__ = ["Returns", "run"]

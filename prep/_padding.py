@@ -1,0 +1,313 @@
+"""Ragged rows: ``pad=`` and ``pad_to=``, resolved per result leaf.
+
+Rows whose results differ in size are written into one output all the same: at
+the end of every dim in which they differ, each row is padded to the batch's
+largest size (or to ``pad_to``). The sizes are not known before the rows run, so
+an output leaf starts at the first row's shape and grows, in place of a list of
+row tensors and ``pad_sequence``: to exactly the size a row needs the first few
+times (in a batch in random order a new longest row is rare, about ln(B) of
+them), by a quarter more after that (rows sorted by length would otherwise copy
+the output at every row), with one trim at the end when it grew past the
+longest row. Each row fills only its own padding; equal rows pay nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._output import Output, Result, Spec, flatten
+from .errors import StackError
+
+#: exact growths of a leaf before it grows by GROWTH at a time
+EXACT_GROWTHS = 4
+GROWTH = 1.25
+
+Number = bool | int | float
+
+
+@dataclass(frozen=True)
+class Padding:
+    """``pad=`` and ``pad_to=`` as given; :meth:`leaves` resolves them per leaf."""
+
+    pad: Any = None  # a number, or a structure like the result's of numbers
+    to: Any = None  # a shape, or a structure like the result's of shapes (None: the longest)
+
+    def __post_init__(self) -> None:
+        check_pad(self.pad)
+        check_pad_to(self.to)
+
+    def leaves(self, kind: str, keys: Sequence[str], n: int) -> list[tuple[Number, Any]]:
+        """(pad value, fixed size or None) of each of a result's ``n`` leaves; ``kind``
+        and ``keys`` are the result's structure (tensor, tuple, dict)."""
+        values = _per_leaf(self.pad, kind, keys, n, "pad", scalar=_is_number)
+        sizes = _per_leaf(self.to, kind, keys, n, "pad_to", scalar=_is_shape)
+        return list(zip(values, sizes))
+
+    def describe(self) -> str:
+        text = f"pad={self.pad!r}"
+        return text + (f", pad_to={self.to!r}" if self.to is not None else "")
+
+
+def check_pad(pad: Any) -> None:
+    if pad is None or _is_number(pad):
+        return
+    values = pad.values() if isinstance(pad, Mapping) else pad
+    if isinstance(pad, (Mapping, tuple, list)) and all(_is_number(v) for v in values):
+        return
+    raise TypeError(
+        f"pad={pad!r} is not a number, nor a dict or tuple of numbers like the row "
+        f"function's result; e.g. pad=0, or pad={{'ids': 1, 'mask': False}}"
+    )
+
+
+def check_pad_to(to: Any) -> None:
+    if to is None or _is_shape(to):
+        return
+    values = to.values() if isinstance(to, Mapping) else to
+    if isinstance(to, (Mapping, tuple, list)) and all(v is None or _is_shape(v) for v in values):
+        return
+    raise TypeError(
+        f"pad_to={to!r} is not a shape (a tuple of sizes >= 0), nor a dict or tuple of "
+        f"shapes like the row function's result; e.g. pad_to=(3, 224, 224)"
+    )
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (bool, int, float))
+
+
+def _is_shape(v: Any) -> bool:
+    return isinstance(v, (tuple, list, torch.Size)) and all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v
+    )
+
+
+def _per_leaf(given: Any, kind: str, keys: Sequence[str], n: int, name: str, scalar: Any) -> list:
+    if given is None or scalar(given):
+        return [None if given is None else (tuple(given) if name == "pad_to" else given)] * n
+    if kind == "dict" and isinstance(given, Mapping):
+        missing = [k for k in keys if k not in given]
+        if missing:
+            raise ValueError(
+                f"{name}={given!r} has no value for {missing}; give every key of the "
+                f"row function's result {list(keys)}, or one value for all"
+            )
+        values = [given[k] for k in keys]
+    elif kind == "tuple" and isinstance(given, (tuple, list)) and len(given) == n:
+        values = list(given)
+    else:
+        raise ValueError(
+            f"{name}={given!r} does not match the row function's result (a {kind} of {n} "
+            f"tensors); give one value for all of them, or one per result"
+        )
+    return [tuple(v) if name == "pad_to" and v is not None else v for v in values]
+
+
+# ---------------------------------------------------------------- in a buffer
+
+
+def box(size: Sequence[int]) -> tuple[slice, ...]:
+    """The index of a row's own elements (its ``size``) in a padded row."""
+    return tuple(slice(0, s) for s in size)
+
+
+def fill_outside(row: Tensor, size: Sequence[int], value: Number) -> None:
+    """Fill what lies outside ``row[box(size)]`` with ``value``: one slab per dim in
+    which ``size`` falls short (dims before it limited to the row's size)."""
+    cap = row.shape[-len(size) :] if size else ()
+    lead = (slice(None),) * (row.dim() - len(size))
+    for d, (s, c) in enumerate(zip(size, cap)):
+        if s < c:
+            row[(*lead, *box(size[:d]), slice(s, None))] = value
+
+
+def grown(buf: Tensor, need: Sequence[int], value: Number, growths: int) -> Tensor:
+    """``buf`` ([rows, *capacity]) copied into a larger buffer that fits ``need``, the new
+    room filled with ``value`` for every row; shared or pinned as ``buf`` was."""
+    cap = tuple(buf.shape[1:])
+    factor = 1.0 if growths < EXACT_GROWTHS else GROWTH
+    new_cap = tuple(c if n <= c else max(n, math.ceil(c * factor)) for c, n in zip(cap, need))
+    pinned = buf.device.type == "cpu" and buf.is_pinned()
+    new = torch.empty(
+        (buf.shape[0], *new_cap), dtype=buf.dtype, device=buf.device, pin_memory=pinned
+    )
+    if buf.is_shared():
+        new.share_memory_()
+    new[(slice(None), *box(cap))].copy_(buf)
+    fill_outside(new, cap, value)
+    return new
+
+
+def trimmed(buf: Tensor, size: Sequence[int]) -> Tensor:
+    """``buf`` cut to ``size`` per row (the longest row's), if it grew past it."""
+    if tuple(buf.shape[1:]) == tuple(size):
+        return buf
+    return buf[(slice(None), *box(size))].contiguous()
+
+
+# ---------------------------------------------------------------- the output
+
+
+class PaddedOutput(Output):
+    """An :class:`Output` whose rows may differ in size: each leaf is a buffer
+    ``[rows, *capacity]`` that grows to fit, and ``sizes[k][i]`` is row ``i``'s own
+    size of leaf ``k``. Writes take a lock (a growth replaces a buffer)."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        buffers: list[Tensor],
+        first_row: int,
+        offset: int,
+        leaves: list[tuple[Number, Any]],
+    ) -> None:
+        super().__init__(spec, buffers, first_row, offset)
+        self.pads = [value for value, _ in leaves]
+        self.fixed = [to for _, to in leaves]
+        shared = any(b.is_shared() for b in buffers)
+        self.sizes = [_zeros((len(b), b.dim() - 1), shared) for b in buffers]  # int64 [rows, dims]
+        self.growths = [0] * len(buffers)
+        self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in super().__getstate__().items() if k != "lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
+    def head(self, stop: int) -> Output:
+        return self  # a growth would leave a view behind: rows past ``stop`` are not run
+
+    def write(self, i: int, result: Any) -> None:
+        spec, leaves = flatten(result, what=f"the row function, on row {i},")
+        self.check_spec(i, spec)
+        with torch.no_grad(), self.lock:
+            for k, leaf in enumerate(leaves):
+                self._put(k, i - self.offset, leaf, i)
+
+    def write_block(self, start: int, results: Sequence[Any]) -> None:
+        for k, result in enumerate(results):
+            self.write(start + k, result)
+
+    def _put(self, k: int, j: int, leaf: Tensor, i: int) -> None:
+        buf = self.buffers[k]
+        cap = buf.shape[1:]
+        if leaf.dim() != len(cap) or leaf.dtype != buf.dtype:
+            raise self.mismatch(i, k, leaf, "the same number of dims and the same dtype")
+        size = tuple(leaf.shape)
+        if any(s > c for s, c in zip(size, cap)):
+            if self.fixed[k] is not None:
+                raise StackError(
+                    f"row {i} returned shape {size}{self.where(k)}, larger than the fixed "
+                    f"{self.fixed[k]} (pad_to= or out=); make it larger, or crop in the row "
+                    f"function (prep never truncates a row)"
+                )
+            buf = self.buffers[k] = grown(buf, size, self.pads[k], self.growths[k])
+            self.growths[k] += 1
+        row = buf[j]
+        row[box(size)].copy_(leaf)
+        fill_outside(row, size, self.pads[k])
+        self.sizes[k][j] = torch.tensor(size, dtype=torch.int64)
+
+    def fail(self, i: int, value: Number | None) -> None:
+        """Row ``i`` failed: every leaf filled with ``value`` (None: its pad value), and
+        its sizes 0."""
+        with torch.no_grad(), self.lock:
+            for buf, sizes, pad in zip(self.buffers, self.sizes, self.pads):
+                buf[i - self.offset].fill_(pad if value is None else value)
+                sizes[i - self.offset] = 0
+
+    def empty_like(self, rows: int, pin: bool = False) -> PaddedOutput:
+        bufs = [
+            torch.empty((rows, *b.shape[1:]), dtype=b.dtype, pin_memory=pin) for b in self.buffers
+        ]
+        return PaddedOutput(self.spec, bufs, self.first_row, 0, list(zip(self.pads, self.fixed)))
+
+    def merge(self, chunk: Output) -> None:
+        """Rows of a worker's ``chunk`` (its own capacity, its padding filled) into
+        rows ``chunk.offset:`` here: one copy and a few fills per leaf."""
+        assert isinstance(chunk, PaddedOutput), "a padded batch's chunks are padded"
+        self.check_spec(chunk.offset, chunk.spec)
+        lo, n = chunk.offset - self.offset, len(chunk)
+        with torch.no_grad(), self.lock:
+            for k, (part, sizes) in enumerate(zip(chunk.buffers, chunk.sizes)):
+                cap = tuple(part.shape[1:])
+                if any(c > h for c, h in zip(cap, self.buffers[k].shape[1:])):
+                    longest = tuple(sizes.amax(0).tolist()) if n else cap
+                    if self.fixed[k] is not None and longest != cap:
+                        part = part[(slice(None), *box(longest))]
+                        cap = longest
+                    self.buffers[k] = grown(self.buffers[k], cap, self.pads[k], self.growths[k])
+                    self.growths[k] += 1
+                rows = self.buffers[k][lo : lo + n]
+                rows[(slice(None), *box(cap))].copy_(part)
+                fill_outside(rows, cap, self.pads[k])
+                self.sizes[k][lo : lo + n] = sizes
+
+    def finish(self) -> None:
+        """Trim each leaf to its longest row (after a growth past it), or to pad_to."""
+        for k, (buf, sizes) in enumerate(zip(self.buffers, self.sizes)):
+            if self.fixed[k] is not None or not len(buf):
+                continue
+            self.buffers[k] = trimmed(buf, sizes.amax(0).tolist())
+
+    def lengths(self) -> Result:
+        """Each row's size per leaf: int64 ``[rows]`` for 1-D rows, ``[rows, dims]`` else."""
+        return self.spec.unflatten([s[:, 0] if s.shape[1] == 1 else s for s in self.sizes])
+
+
+def _zeros(shape: tuple[int, ...], shared: bool) -> Tensor:
+    t = torch.zeros(shape, dtype=torch.int64)
+    return t.share_memory_() if shared else t
+
+
+def allocate(
+    result: Any,
+    rows: int,
+    *,
+    padding: Padding | None = None,
+    row: int = 0,
+    pin: bool = False,
+    shared: bool = False,
+    offset: int = 0,
+) -> Output:
+    """The output for ``rows`` rows shaped by ``result`` (row ``row``'s): equal rows
+    without ``padding``, else rows that may differ, starting at ``pad_to`` or at
+    this row's size."""
+    if padding is None:
+        return Output.allocate(result, rows, row=row, pin=pin, shared=shared, offset=offset)
+    spec, leaves = flatten(result, what=f"the row function, on row {row},")
+    per_leaf = padding.leaves(spec.kind, spec.keys, spec.n)
+    shapes = []
+    for k, (leaf, (_, to)) in enumerate(zip(leaves, per_leaf)):
+        if to is not None and len(to) != leaf.dim():
+            where = (
+                "" if spec.kind == "tensor" else f" (result {(spec.keys or range(spec.n))[k]!r})"
+            )
+            raise ValueError(
+                f"pad_to={to} has {len(to)} dims but row {row} returned a {leaf.dim()}-d "
+                f"tensor{where}; give pad_to one size per dim of the row's result"
+            )
+        shapes.append(torch.Size(to) if to is not None else leaf.shape)
+    template = spec.unflatten(
+        [torch.empty(s, dtype=t.dtype, device=t.device) for s, t in zip(shapes, leaves)]
+    )
+    plain = Output.allocate(template, rows, row=row, pin=pin, shared=shared, offset=offset)
+    out = PaddedOutput(spec, plain.buffers, row, offset, per_leaf)
+    return out
+
+
+def given_padded(out: Any, rows: int, padding: Padding) -> PaddedOutput:
+    """``out=`` with ``pad=``: its shapes are fixed sizes, as ``pad_to`` would be."""
+    plain = Output.given(out, rows)
+    per_leaf = padding.leaves(plain.spec.kind, plain.spec.keys, plain.spec.n)
+    fixed = [(pad, tuple(b.shape[1:])) for (pad, _), b in zip(per_leaf, plain.buffers)]
+    return PaddedOutput(plain.spec, plain.buffers, -1, 0, fixed)

@@ -1,0 +1,250 @@
+"""Ragged rows (``pad=``, ``pad_to=``, ``return_lengths=``) and bad rows (``on_error=``,
+``fill=``, ``return_valid=``), for every per-row executor."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import prep
+from tests import rowfns
+
+pytestmark = pytest.mark.timeout(180)
+
+PER_ROW = ["serial", "threads", "processes", "joblib", "auto"]
+
+
+def reference(rows: list[torch.Tensor], pad: float, size: tuple[int, ...] | None = None):
+    """What padding means, built the plain way: a tensor full of ``pad`` and each row
+    copied into its corner (as ``pad_sequence`` does for 1-D rows)."""
+    dims = rows[0].dim()
+    size = size or tuple(max(r.shape[d] for r in rows) for d in range(dims))
+    out = torch.full((len(rows), *size), pad, dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        out[(i, *(slice(0, s) for s in r.shape))] = r
+    return out
+
+
+def samples(lengths: list[int], fails: set[int] = frozenset()) -> list[torch.Tensor]:
+    return [torch.tensor([n, int(i in fails), i + 1]) for i, n in enumerate(lengths)]
+
+
+def quiet(call, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return call(*args, **kwargs)
+
+
+# ------------------------------------------------------------------ padding
+
+
+@pytest.mark.parametrize("executor", PER_ROW)
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=70), pad=st.sampled_from([0, -1, 2.5])
+)
+def test_padded_rows_match_the_reference(executor, lengths, pad):
+    got, lengths_out = prep.map_samples(
+        rowfns.variable, samples(lengths), executor=executor, workers=2, pad=pad,
+        return_lengths=True,
+    )  # fmt: skip
+    rows = [rowfns.variable(s) for s in samples(lengths)]
+    assert torch.equal(got, reference(rows, pad))
+    assert lengths_out.dtype == torch.int64 and lengths_out.tolist() == lengths
+
+
+@pytest.mark.parametrize("executor", PER_ROW)
+def test_rows_sorted_by_length_and_per_leaf_pads(executor):
+    """Longest last (the output grows at every row) and a dict result: ids padded with
+    7 in both dims, the mask with False; lengths are ``[B, 2]`` for 2-D rows."""
+    shapes = [(h, w) for h, w in zip(range(1, 41), range(2, 42))]
+    batch = [torch.tensor([h, w, i]) for i, (h, w) in enumerate(shapes)]
+    got, lengths = prep.map_samples(
+        rowfns.ragged_2d, batch, executor=executor, workers=2,
+        pad={"ids": 7, "mask": False}, return_lengths=True,
+    )  # fmt: skip
+    rows = [rowfns.ragged_2d(s) for s in batch]
+    assert torch.equal(got["ids"], reference([r["ids"] for r in rows], 7))
+    assert torch.equal(got["mask"], reference([r["mask"] for r in rows], False))
+    assert lengths["ids"].tolist() == [list(s) for s in shapes]
+    assert lengths["mask"].tolist() == [w for _, w in shapes]
+
+
+@pytest.mark.parametrize("executor", ["serial", "threads", "processes"])
+def test_pad_to_fixes_the_size_and_refuses_a_larger_row(executor):
+    got = prep.map_samples(
+        rowfns.variable, samples([3, 1, 5]), executor=executor, pad=0, pad_to=(8,)
+    )
+    assert got.shape == (3, 8)
+    assert torch.equal(got, reference([rowfns.variable(s) for s in samples([3, 1, 5])], 0, (8,)))
+    with pytest.raises(prep.StackError, match=r"row 2 returned shape \(5,\).*\(4,\)"):
+        prep.map_samples(rowfns.variable, samples([3, 1, 5]), executor=executor, pad=0, pad_to=(4,))
+
+
+def test_out_with_pad_is_filled_at_its_own_size():
+    out = torch.empty(3, 6)
+    got = prep.map_samples(rowfns.variable, samples([3, 1, 5]), executor="serial", pad=0, out=out)
+    assert got is out
+    assert torch.equal(out, reference([rowfns.variable(s) for s in samples([3, 1, 5])], 0, (6,)))
+
+
+def test_ragged_rows_without_pad_still_fail_and_say_pad():
+    with pytest.raises(prep.StackError, match="pass pad="):
+        prep.map_samples(rowfns.variable, samples([3, 1]), executor="serial")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"pad": "zero"}, TypeError, "pad='zero' is not a number"),
+        ({"pad": 0, "pad_to": (3, -1)}, TypeError, "pad_to=.* is not a shape"),
+        ({"pad": 0, "pad_to": (3, 4)}, ValueError, "pad_to=.* has 2 dims"),
+        ({"on_error": "ignore"}, ValueError, "on_error='ignore' is not one of"),
+        ({"fill": 1}, ValueError, "pass on_error='fill'"),
+        ({"on_error": "fill", "fill": "x"}, TypeError, "fill='x' is not a number"),
+        ({"return_lengths": 1}, TypeError, "return_lengths=1 is not True or False"),
+    ],
+)
+def test_bad_options_name_the_value(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        prep.map_samples(rowfns.variable, samples([2, 3]), executor="serial", **kwargs)
+
+
+def test_dims_and_dtypes_must_still_agree():
+    def bad(sample):
+        return torch.zeros(int(sample[0])) if int(sample[2]) == 1 else torch.zeros(2, 2)
+
+    with pytest.raises(prep.StackError, match="number of dims"):
+        prep.map_samples(bad, samples([2, 3]), executor="serial", pad=0)
+
+
+def test_vmap_and_a_twin_without_pad_refuse_padding():
+    x = torch.ones(4, 3)
+    with pytest.raises(prep.ConfigError, match="vmap' cannot return ragged rows"):
+        prep.map_rows(torch.neg, x, executor="vmap", pad=0)
+    twin = prep.rowwise(batched=lambda b: -b)(lambda r: -r)
+    with pytest.raises(prep.ConfigError, match="takes no pad argument"):
+        prep.map_rows(twin, x, executor="vectorized", pad=0)
+    padded = prep.rowwise(batched=lambda b, pad: -b + pad)(lambda r: -r)
+    assert torch.equal(prep.map_rows(padded, x, executor="vectorized", pad=1), -x + 1)
+
+
+def test_auto_with_pad_leaves_the_batched_forms_out_and_says_why():
+    with prep.Pool("auto", workers=2) as pool:
+        got = pool.map_rows(rowfns.variable, torch.stack(samples([3, 1, 5, 2] * 16)), pad=0)
+        assert got.shape == (64, 5)
+        assert "with pad=, rows are padded one by one" in pool.explain()
+
+
+# ------------------------------------------------------------------ bad rows
+
+
+@pytest.mark.parametrize("executor", PER_ROW)
+@pytest.mark.parametrize("where", ["first", "scattered", "last"])
+def test_fill_and_skip(executor, where):
+    n = 40
+    fails = {"first": {0, 1}, "scattered": {3, 17, 18, 33}, "last": {n - 1}}[where]
+    batch = samples([4] * n, fails)
+    with pytest.warns(RuntimeWarning, match=rf"{len(fails)} of {n} rows failed.*row {min(fails)}"):
+        out, valid = prep.map_samples(
+            rowfns.variable, batch, executor=executor, workers=2, on_error="fill", fill=-5,
+            return_valid=True,
+        )  # fmt: skip
+    assert valid.tolist() == [i not in fails for i in range(n)]
+    for i in range(n):
+        assert torch.equal(out[i], torch.full((4,), -5.0 if i in fails else i + 1.0)), i
+    skipped, valid2 = quiet(
+        prep.map_samples, rowfns.variable, batch, executor=executor, workers=2,
+        on_error="skip", return_valid=True,
+    )  # fmt: skip
+    assert torch.equal(valid2, valid)
+    assert torch.equal(skipped, out[valid])
+
+
+@pytest.mark.parametrize("executor", ["serial", "threads", "processes", "joblib"])
+def test_fill_with_padding_pads_failed_rows_and_gives_them_length_0(executor):
+    batch = samples([2, 5, 3, 1], fails={1})
+    out, lengths, valid = quiet(
+        prep.map_samples, rowfns.variable, batch, executor=executor, workers=2, pad=-1,
+        on_error="fill", return_lengths=True, return_valid=True,
+    )  # fmt: skip
+    assert out.shape == (4, 3)  # the failed row's 5 never counted
+    assert out[1].tolist() == [-1, -1, -1]
+    assert lengths.tolist() == [2, 0, 3, 1] and valid.tolist() == [True, False, True, True]
+
+
+@pytest.mark.parametrize("executor", ["serial", "threads", "processes", "joblib"])
+def test_every_row_failing_says_so(executor):
+    with pytest.raises(prep.RowError, match="every one of the 6 rows failed"):
+        quiet(
+            prep.map_samples, rowfns.variable, samples([2] * 6, set(range(6))),
+            executor=executor, workers=2, on_error="skip",
+        )  # fmt: skip
+
+
+def test_every_row_failing_with_out_fills_out():
+    out = torch.zeros(3, 2)
+    got = quiet(
+        prep.map_samples, rowfns.variable, samples([2] * 3, {0, 1, 2}), executor="serial",
+        on_error="fill", fill=9, out=out,
+    )  # fmt: skip
+    assert got is out and torch.equal(out, torch.full((3, 2), 9.0))
+
+
+def test_raise_stays_the_default_and_timeouts_are_not_row_errors():
+    with pytest.raises(prep.RowError, match="row 1: ValueError: bad sample 2"):
+        prep.map_samples(rowfns.variable, samples([2, 2], {1}), executor="threads")
+    with pytest.raises(prep.BatchTimeout):
+        prep.map_rows(
+            rowfns.hang, torch.arange(4.0).view(4, 1), executor="threads", timeout=0.5,
+            on_error="fill",
+        )  # fmt: skip
+
+
+def test_a_batched_executor_refuses_a_per_row_policy():
+    with pytest.raises(prep.ConfigError, match="needs a per-row executor"):
+        prep.map_rows(torch.neg, torch.ones(3, 2), executor="vmap", on_error="fill")
+
+
+def test_auto_keeps_a_vmap_choice_and_runs_a_bad_batch_row_by_row():
+    def halve(row: torch.Tensor) -> torch.Tensor:
+        return torch.where(row > 0, row / 2, row)
+
+    def halve_or_fail(row: torch.Tensor) -> torch.Tensor:
+        if row.dim() and bool((row < 0).any()):  # under vmap: never (a tracer raises)
+            raise ValueError("negative")
+        return halve(row)
+
+    x = torch.rand(256, 8) + 0.1
+    bad = x.clone()
+    bad[5] = -1.0
+    with prep.Pool("auto", workers=2) as pool:
+        good = pool.map_rows(halve_or_fail, x, on_error="fill")
+        assert torch.equal(good, x / 2)
+        out, valid = quiet(pool.map_rows, halve_or_fail, bad, on_error="fill", return_valid=True)
+    assert not valid[5] and valid.sum() == 255
+    assert torch.equal(out[valid], bad[valid] / 2) and torch.equal(out[5], torch.zeros(8))
+
+
+# ------------------------------------------------------------------ Collate
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_collate_pads_variable_length_samples_in_a_dataloader(num_workers):
+    data = samples([3, 7, 1, 4, 6, 2, 5, 8])
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=4, num_workers=num_workers,
+        collate_fn=prep.Collate(rowfns.variable, executor="threads", workers=1, pad=0,
+                                return_lengths=True),
+    )  # fmt: skip
+    got = list(loader)
+    for k, (out, lengths) in enumerate(got):
+        part = data[4 * k : 4 * k + 4]
+        assert torch.equal(out, reference([rowfns.variable(s) for s in part], 0))
+        assert lengths.tolist() == [int(s[0]) for s in part]
