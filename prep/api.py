@@ -217,11 +217,22 @@ def map_samples(
     )  # fmt: skip
 
 
-def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -> Calibration:
+def explain(
+    fn: Callable[..., Any],
+    batch: Any,
+    *,
+    workers: int | None = None,
+    pad: Any = None,
+    pad_to: Any = None,
+    on_error: str = "raise",
+    fill: Any = None,
+) -> Calibration:
     """Calibrate ``auto`` on ``batch`` and return what it measured, predicted and chose.
 
     Only the rows calibration needs are computed (all of them where a batched
-    twin or vmap runs the rest at once). ``print()`` the result for a few
+    twin or vmap runs the rest at once). ``pad=``, ``pad_to=``, ``on_error=`` and
+    ``fill=`` are :func:`map_rows`'s: they change what auto may choose, and the
+    first line shows them. ``print()`` the result for a few
     readable lines; its fields (``predicted``, ``choice``, ...) are there for code.
 
     >>> import torch, prep
@@ -234,7 +245,7 @@ def explain(fn: Callable[..., Any], batch: Any, *, workers: int | None = None) -
     if len(rows) == 0:
         raise ValueError("the batch has 0 rows: there is nothing to measure")
     n_workers = resolve_workers(workers)
-    job = Job(fn, rows)
+    job = Job(fn, rows, policy=Policy.of(pad, pad_to, on_error, fill))
     get = lambda name: _warm_executor(name, n_workers)  # noqa: E731
     return Calibrator(job, get, n_workers, not in_worker_process()).run()
 

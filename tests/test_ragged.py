@@ -248,3 +248,20 @@ def test_collate_pads_variable_length_samples_in_a_dataloader(num_workers):
         part = data[4 * k : 4 * k + 4]
         assert torch.equal(out, reference([rowfns.variable(s) for s in part], 0))
         assert lengths.tolist() == [int(s[0]) for s in part]
+
+
+# ------------------------------------------------------------------ rows that kill
+
+
+@pytest.mark.parametrize("executor", ["processes", "joblib"])
+@pytest.mark.parametrize("fn", [rowfns.segfault, rowfns.suicide], ids=["segfault", "sigkill"])
+def test_a_row_that_kills_its_worker_is_the_only_failed_row(no_leaks, executor, fn):
+    x = torch.arange(24.0).view(24, 1)
+    with prep.Pool(executor, workers=2) as pool:
+        with pytest.warns(RuntimeWarning, match=r"1 of 24 rows failed.*row 1: .*died"):
+            out, valid = pool.map_rows(fn, x, on_error="fill", fill=-1, return_valid=True)
+        assert valid.tolist() == [i != 1 for i in range(24)]
+        assert out[1].item() == -1 and torch.equal(out[valid], x[valid])
+        assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)  # the pool recovered
+        with pytest.raises(prep.WorkerCrashed):  # under "raise" it stays a crash
+            pool.map_rows(fn, x)

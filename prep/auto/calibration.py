@@ -54,6 +54,8 @@ class Calibration:
 
     rows: int
     workers: int
+    #: the batch's pad= / on_error= options, as explain prints them ("" for none)
+    options: str = ""
     serial_row: float = math.nan
     #: seconds per row serially with torch on one worker's share of intra-op threads,
     #: and how many cores' worth torch's own threads made serial faster by
@@ -239,8 +241,9 @@ class Calibration:
                 else " (no pool yet: its start-up is measured once prep's forkserver is up)"
             )
         lines = [
-            f"auto: {self.rows} rows, {self.workers} workers; calibrated in "
-            f"{self.seconds * 1e3:.1f} ms, computing {self.sample} of the rows",
+            f"auto: {self.rows} rows, {self.workers} workers"
+            + (f", {self.options}" if self.options else "")
+            + f"; calibrated in {self.seconds * 1e3:.1f} ms, computing {self.sample} of the rows",
             f"  serial {us(self.serial_row)}/row"
             + (
                 f" ({us(self.one_thread_row)} on one worker's threads)"

@@ -106,7 +106,7 @@ class Calibrator:
         self.main = Progress(job)
         self.get = get
         self.n = len(job.rows)
-        self.cal = Calibration(rows=self.n, workers=workers)
+        self.cal = Calibration(rows=self.n, workers=workers, options=job.policy.describe())
         self.allow_processes = allow_processes
         self.prior = prior
         self.cores = min(workers, available_cores())

@@ -11,13 +11,14 @@ row 0's result, from which the output is allocated in shared memory.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from multiprocessing import connection
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from .._output import flatten
-from ..errors import WorkerCrashed
+from ..errors import RowError, WorkerCrashed
 from . import _worker
 from ._base import Job, first_error, iter_chunks
 from ._handles import Worker
@@ -25,9 +26,20 @@ from ._transport import check_shm
 
 
 class Dispatch:
-    def __init__(self, workers: list[Worker], job: Job) -> None:
+    """``replace(worker)`` starts a worker in a dead one's place (its slot in
+    ``workers``), the function loaded: under ``on_error='fill'``/``'skip'`` a worker
+    that dies does not fail the batch. Its rows run again one at a time on fresh
+    workers; a row that kills its worker alone is a failed row, and the rest of the
+    batch completes."""
+
+    def __init__(
+        self, workers: list[Worker], job: Job, replace: Callable[[Worker], Worker] | None = None
+    ) -> None:
         self.workers = workers
         self.job = job
+        self.replace = replace
+        self.pending: deque[tuple[int, int]] = deque()
+        self.alone: set[tuple[int, int]] = set()  # single rows re-run after a crash
         # rows that may differ in size or fail on their own come back as chunks, each
         # in shared memory of its worker's (the parent merges them); others are
         # written in place, into the one output every worker maps
@@ -37,12 +49,10 @@ class Dispatch:
         """The batch's rows, every one written into ``job.output``, or the lowest row's
         error once the ranges in flight are back; raises on a crash or the deadline."""
         job, n = self.job, len(self.job.rows)
+        self.batch = (shell, keys, columns)
         for w in self.workers:
-            w.held = None
-            new = {k: columns[k] for k in keys if k not in w.keys}
-            w.conn.send(("batch", shell, keys, new, None if self.chunked else job.output))
-            w.keys = set(keys)
-        pending: deque[tuple[int, int]] = deque()
+            self._send_batch(w)
+        pending = self.pending
         if job.output is None and not self.chunked:  # row 0's result fixes the output
             self._send(self.workers[0], 0, 1, probe=True)
             self._collect(stop_on_error=True)
@@ -61,6 +71,13 @@ class Dispatch:
             errors.extend(self._collect())
         if errors:
             raise first_error(errors)
+
+    def _send_batch(self, w: Worker) -> None:
+        shell, keys, columns = self.batch
+        w.held = None
+        new = {k: columns[k] for k in keys if k not in w.keys}
+        w.conn.send(("batch", shell, keys, new, None if self.chunked else self.job.output))
+        w.keys = set(keys)
 
     def _send(self, w: Worker, start: int, stop: int, probe: bool = False) -> None:
         w.held = (start, stop)
@@ -88,6 +105,7 @@ class Dispatch:
                 f"workers still busy with rows {held} were terminated and will be replaced"
             )
         errors = []
+        dead: dict[int, Worker] = {}
         for r in ready:
             w = by_conn.get(r)
             if w is None:
@@ -95,11 +113,14 @@ class Dispatch:
             try:
                 msg = w.conn.recv()
             except (EOFError, OSError):
-                self._crashed(by_sentinel[w.proc.sentinel])
+                dead[id(w)] = w
+                continue
             errors.extend(self._handle(w, msg))
         for r in ready:
             if r in by_sentinel:
-                self._crashed(by_sentinel[r])
+                dead[id(by_sentinel[r])] = by_sentinel[r]
+        for w in dead.values():
+            self._lost(w)
         if errors and stop_on_error:
             raise errors[0]
         return errors
@@ -125,7 +146,30 @@ class Dispatch:
         w.held = None
         return [_worker.error_from_reply(msg)]
 
-    def _crashed(self, w: Worker) -> None:
+    def _lost(self, w: Worker) -> None:
+        """A worker died: the batch fails, or (fill/skip) its rows are isolated."""
+        if self.replace is None or not self.job.policy.per_row_errors:
+            self._crashed(w)
+        held, how, pid = w.held, w.how_it_died(), w.proc.pid
+        fresh = self.replace(w)
+        self._send_batch(fresh)
+        if held is None:
+            return
+        if held in self.alone:  # it died on this row alone: the row is the culprit
+            a = held[0]
+            err = RowError(
+                a,
+                f"row {a}: the worker running it alone died ({how}): a segfault, abort "
+                f"or exit in the row function, or the OS killed it for memory",
+            )
+            err.__cause__ = WorkerCrashed(f"worker pid {pid} died with {how} on row {a}")
+            self.job.fail(a, err)
+            return
+        singles = [(i, i + 1) for i in range(*held)]
+        self.alone.update(singles)
+        self.pending.extendleft(reversed(singles))
+
+    def _crashed(self, w: Worker) -> NoReturn:
         how = w.how_it_died()
         rows = f"while it held rows {w.held[0]}-{w.held[1] - 1}" if w.held else "while idle"
         raise WorkerCrashed(

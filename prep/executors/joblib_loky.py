@@ -23,7 +23,7 @@ import loky
 from loky.process_executor import TerminatedWorkerError
 
 from .._output import Output
-from ..errors import WorkerCrashed
+from ..errors import RowError, WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
 
@@ -40,8 +40,20 @@ class JoblibExecutor(Executor):
         n = len(job.rows)
         if n == 0:
             return job.output
-        pool = self._started(job)
         chunks = list(iter_chunks(n, self.workers, per_worker=2, first=job.start))
+        errors, lost = self._run_chunks(job, chunks)
+        if lost:
+            errors += self._isolate(job, lost)
+        if errors:
+            raise first_error(errors)
+        return job.output
+
+    def _run_chunks(
+        self, job: Job, chunks: list[tuple[int, int]]
+    ) -> tuple[list[BaseException], list[tuple[int, int]]]:
+        """The chunks' rows written; the errors to raise, and (under fill/skip) the
+        ranges that were in flight when a worker died."""
+        pool = self._started(job)
         futures = {
             pool.submit(_worker.run_chunk, job.fn, job.rows.take(a, b), a, b, job.policy): (a, b)
             for a, b in chunks
@@ -52,7 +64,10 @@ class JoblibExecutor(Executor):
                 errors.extend(self._write(job, future.result()))
         except TerminatedWorkerError as exc:
             self.close()  # loky's executor is broken for good once a worker died
-            a, b = min(futures[f] for f in futures if not _succeeded(f))
+            lost = sorted(futures[f] for f in futures if not _succeeded(f))
+            if job.policy.per_row_errors:
+                return errors, lost
+            a, b = lost[0]
             raise WorkerCrashed(
                 f"a loky worker died while rows {a}-{b - 1} and later were in flight "
                 f"({_exit_text(str(exc))}); likely causes: a segfault or abort in the row "
@@ -66,9 +81,26 @@ class JoblibExecutor(Executor):
             raise job.timed_out(
                 "its workers were terminated; new ones start on the next call"
             ) from exc
-        if errors:
-            raise first_error(errors)
-        return job.output
+        return errors, []
+
+    def _isolate(self, job: Job, lost: list[tuple[int, int]]) -> list[BaseException]:
+        """After a worker died under fill/skip: each row that was in flight, alone and
+        one at a time (loky cannot say which task's worker died); a row that kills
+        its worker again is a failed row."""
+        errors: list[BaseException] = []
+        for a, b in lost:
+            for i in range(a, b):
+                row_errors, died = self._run_chunks(job, [(i, i + 1)])
+                errors += row_errors
+                if died:
+                    err = RowError(
+                        i,
+                        f"row {i}: the loky worker running it alone died: a segfault, "
+                        f"abort or exit in the row function, or the OS killed it for memory",
+                    )
+                    err.__cause__ = WorkerCrashed(f"a loky worker died on row {i}")
+                    job.fail(i, err)
+        return errors
 
     def _started(self, job: Job) -> Any:
         """The pool, its workers up. The timeout is for the rows, not for starting the

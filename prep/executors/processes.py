@@ -156,6 +156,15 @@ class ProcessExecutor(Executor):
                 self._reset()
             raise
 
+    def _replace(self, dead: Worker, fn: Any) -> Worker:
+        """A new worker in a dead one's slot, holding the function it held."""
+        dead.stop()
+        fresh = Worker(_spawn.context(), threads_per_worker(self.workers))
+        self._workers[self._workers.index(dead)] = fresh
+        if dead.fn_blob is not None:
+            load_everywhere([fresh], fn, dead.fn_blob, LOAD_TIMEOUT, stuck=self._reset)
+        return fresh
+
     # -------------------------------------------------------------- one batch
 
     def run(self, job: Job) -> Output | None:
@@ -179,7 +188,8 @@ class ProcessExecutor(Executor):
             check_shm(given.nbytes, "the output")
             job.output = given.like(shared=True)  # staging; copied into out= at the end
         try:
-            Dispatch(self._workers, job).run(shell, keys, columns)
+            replace = lambda dead: self._replace(dead, job.fn)  # noqa: E731
+            Dispatch(self._workers, job, replace).run(shell, keys, columns)
         except BaseException as exc:
             # crashed, timed out or interrupted with rows in flight: the workers' state is
             # unknown, so start afresh. A row error waited for the others: keep the pool.
