@@ -32,6 +32,7 @@ import torch
 
 from .._rows import Rows
 from .._rowwise import unwrap_partial
+from ._explain import describe
 
 #: threads or processes are chosen over the rest only when predicted this much faster
 #: (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
@@ -222,64 +223,8 @@ class Calibration:
         if self.choice == name:
             self.choice = self.best()
 
-    # ------------------------------------------------------------ explain
-
     def __str__(self) -> str:
-        us = lambda s: f"{s * 1e6:,.1f} us" if s is not None else "-"  # noqa: E731
-        dispatch = ""
-        if self.process_dispatch is not None:
-            dispatch = (
-                f", process dispatch {self.process_dispatch * 1e3:.2f} ms/batch"
-                if self.dispatch_measured
-                else f", process dispatch ~{self.process_dispatch * 1e3:.0f} ms/batch assumed"
-            )
-        start = ""
-        if "processes" in self.predicted and not self.processes_ready:
-            start = (
-                f" (no pool yet: +{self.process_start * 1e3:,.0f} ms to start it, measured)"
-                if self.process_start is not None
-                else " (no pool yet: its start-up is measured once prep's forkserver is up)"
-            )
-        lines = [
-            f"auto: {self.rows} rows, {self.workers} workers"
-            + (f", {self.options}" if self.options else "")
-            + f"; calibrated in {self.seconds * 1e3:.1f} ms, computing {self.sample} of the rows",
-            f"  serial {us(self.serial_row)}/row"
-            + (
-                f" ({us(self.one_thread_row)} on one worker's threads)"
-                if self.one_thread_row
-                else ""
-            )
-            + (f", vectorized {us(self.vectorized_row)}/row" if self.vectorized_row else "")
-            + (f", vmap {us(self.vmap_row)}/row" if self.vmap_row else "")
-            + (f", threads run {self.thread_speedup:.2f}x serial" if self.thread_speedup else "")
-            + dispatch
-            + start,
-            "  predicted for a whole batch: "
-            + ", ".join(
-                f"{k} {v * 1e3:.1f} ms"
-                for k, v in sorted(self.predicted.items(), key=lambda kv: kv[1])
-            ),
-        ]
-        if self.observed:
-            lines.append(
-                "  measured a whole batch (median): "
-                + ", ".join(
-                    f"{k} {self.figure(k) * 1e3:.1f} ms over {len(v)}"
-                    for k, v in sorted(self.observed.items(), key=lambda kv: self.figure(kv[0]))
-                )
-            )
-        lines += [f"  not considered: {k} ({why})" for k, why in self.dropped.items()]
-        lines += [f"  {e}" for e in self.events]
-        saving = self.processes_would_save(self.rows)
-        if saving and self.process_start:
-            lines.append(
-                f"  processes would save {saving * 1e3:,.1f} ms a batch once started: "
-                f"they start after about {math.ceil(self.process_start / saving)} batches "
-                f"({self.saved_by_processes * 1e3:,.1f} ms saved so far)"
-            )
-        lines.append(f"  choice: {self.choice}")
-        return "\n".join(lines)
+        return describe(self)
 
 
 def _median(values: list[float]) -> float:
