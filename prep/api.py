@@ -23,6 +23,7 @@ from ._batch import Returns, run
 from ._checks import check_device, check_timeout
 from ._policy import Policy
 from ._rows import Rows, SampleRows, rows_of
+from ._state import Binder
 from .auto import AutoExecutor, Calibration, Calibrator
 from .errors import ConfigError
 from .executors import REGISTRY, Executor, Job, executor_class, in_worker_process, resolve_workers
@@ -30,6 +31,7 @@ from .executors import REGISTRY, Executor, Job, executor_class, in_worker_proces
 AUTO = "auto"
 
 _warm: dict[tuple[str, int], Executor] = {}
+_binders: dict[Callable[[], Any], Binder] = {}
 _warm_lock = threading.RLock()
 _warned_fallback = False
 
@@ -73,12 +75,28 @@ def _warm_executor(name: str, workers: int) -> Executor:
 
 
 def shutdown() -> None:
-    """Close the warm pools that ``map_rows`` keeps between calls (also run at exit)."""
+    """Close the warm pools that ``map_rows`` keeps between calls (also run at exit),
+    and the per-worker states their ``setup=`` made."""
     with _warm_lock:
         pools = list(_warm.values())
         _warm.clear()
+        binders = list(_binders.values())
+        _binders.clear()
     for ex in pools:
         ex.close()
+    for binder in binders:
+        binder.close()
+
+
+def _bound(fn: Callable[..., Any], setup: Callable[[], Any] | None) -> Callable[..., Any]:
+    """``fn`` given ``state=`` from the warm states of ``setup`` (one store per setup)."""
+    if setup is None:
+        return fn
+    with _warm_lock:
+        binder = _binders.get(setup)
+        if binder is None:
+            binder = _binders[setup] = Binder(setup)
+    return binder.bind(fn)
 
 
 atexit.register(shutdown)
@@ -89,6 +107,7 @@ def _forget_inherited_pools() -> None:
     # threads and processes it does not have: it must start its own
     global _warm_lock
     _warm.clear()
+    _binders.clear()
     _warm_lock = threading.RLock()
 
 
@@ -103,12 +122,13 @@ def _module_call(
     *,
     device: Any,
     timeout: Any,
+    setup: Callable[[], Any] | None = None,
     **options: Any,
 ) -> Any:
     n_workers = resolve_workers(workers)
     dev, limit = check_device(device), check_timeout(timeout)
     ex = _warm_executor(_choose(_check_name(executor)), n_workers)
-    return _call(ex, fn, rows, device=dev, timeout=limit, **options)
+    return _call(ex, _bound(fn, setup), rows, device=dev, timeout=limit, **options)
 
 
 def _call(
@@ -148,6 +168,7 @@ def map_rows(
     on_error: str = "raise",
     fill: Any = None,
     return_valid: bool = False,
+    setup: Callable[[], Any] | None = None,
 ) -> Any:
     """Run ``fn`` on every row of ``batch`` and stack the results into one output.
 
@@ -177,6 +198,12 @@ def map_rows(
     mask of the rows that succeeded. With return flags the call returns
     ``(out, lengths, valid)``, those asked for, in that order.
 
+    Per-worker state: with ``setup=`` (a function of no arguments) each worker
+    calls it once, where it runs (once per thread under ``threads``, once per
+    process under ``processes``/``joblib``), and ``fn`` receives the result as the
+    keyword ``state=``. States stay warm with their pools; ``close()`` is called
+    on them when their worker stops.
+
     >>> import torch, prep
     >>> prep.map_rows(lambda r: r.flip(0), torch.arange(6).view(2, 3), executor="threads")
     tensor([[2, 1, 0],
@@ -189,7 +216,7 @@ def map_rows(
     return _module_call(
         executor, fn, rows_of(batch), workers, device=device, timeout=timeout, out=out,
         pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
-        fill=fill, return_valid=return_valid,
+        fill=fill, return_valid=return_valid, setup=setup,
     )  # fmt: skip
 
 
@@ -208,12 +235,13 @@ def map_samples(
     on_error: str = "raise",
     fill: Any = None,
     return_valid: bool = False,
+    setup: Callable[[], Any] | None = None,
 ) -> Any:
     """Like :func:`map_rows`, over a list of arbitrary samples: ``fn(sample)`` for each."""
     return _module_call(
         executor, fn, SampleRows(list(samples)), workers, device=device, timeout=timeout,
         out=out, pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
-        fill=fill, return_valid=return_valid,
+        fill=fill, return_valid=return_valid, setup=setup,
     )  # fmt: skip
 
 
@@ -265,8 +293,10 @@ class Pool:
         workers: int | None = None,
         device: Any = None,
         timeout: float | None = None,
+        setup: Callable[[], Any] | None = None,
     ) -> None:
         self.executor = _check_name(executor)
+        self._binder = Binder(setup) if setup is not None else None
         self.workers = resolve_workers(workers)
         self.device = check_device(device)
         self.timeout = check_timeout(timeout)
@@ -296,6 +326,8 @@ class Pool:
 
     def _call(self, fn: Callable[..., Any], rows: Rows, options: dict[str, Any]) -> Any:
         ex = self._get(_choose(self.executor))
+        if self._binder is not None:
+            fn = self._binder.bind(fn)
         return _call(ex, fn, rows, device=self.device, timeout=self.timeout, **options)
 
     def explain(self) -> str:
@@ -320,6 +352,8 @@ class Pool:
             return
         for ex in executors.values():
             ex.close()
+        if self._binder is not None:
+            self._binder.close()  # the states of this process's workers (serial, threads)
 
     def __enter__(self) -> Pool:
         return self

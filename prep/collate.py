@@ -70,6 +70,7 @@ class Collate:
         on_error: str = "raise",
         fill: Any = None,
         return_valid: bool = False,
+        setup: Callable[[], Any] | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"Collate needs a callable row function, got {fn!r}")
@@ -86,6 +87,7 @@ class Collate:
         }  # fmt: skip
         Policy.of(pad, pad_to, on_error, fill)  # checked here, not at the first batch
         Returns(return_lengths, return_valid)
+        self.setup = setup
         self._pool: Pool | None = None
         self._pid: int | None = None
         self._warned_device = False
@@ -101,7 +103,10 @@ class Collate:
                 loaders = info.num_workers if info is not None else 1
                 workers = max(1, available_cores() // loaders)
             self._pool = Pool(
-                self.executor, workers=workers, device=None if in_worker else self.device
+                self.executor,
+                workers=workers,
+                device=None if in_worker else self.device,
+                setup=self.setup,
             )
             self._pid = os.getpid()
             weakref.finalize(self, self._pool.close)

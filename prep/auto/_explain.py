@@ -50,6 +50,11 @@ def describe(cal: Calibration) -> str:
                 for k, v in sorted(cal.observed.items(), key=lambda kv: cal.figure(kv[0]))
             )
         )
+    if cal.setup_seconds:
+        lines.append(
+            f"  setup= takes {cal.setup_seconds * 1e3:,.1f} ms here: a new process pool "
+            f"counts it once a worker in its start-up"
+        )
     lines += [f"  not considered: {k} ({why})" for k, why in cal.dropped.items()]
     lines += [f"  {e}" for e in cal.events]
     saving = cal.processes_would_save(cal.rows)

@@ -57,6 +57,8 @@ class Calibration:
     workers: int
     #: the batch's pad= / on_error= options, as explain prints them ("" for none)
     options: str = ""
+    #: seconds setup= took here (each new worker pays it once); 0 without setup=
+    setup_seconds: float = 0.0
     serial_row: float = math.nan
     #: seconds per row serially with torch on one worker's share of intra-op threads,
     #: and how many cores' worth torch's own threads made serial faster by

@@ -27,6 +27,7 @@ from typing import Any
 
 from .._output import Output
 from .._rowwise import twin_of
+from .._state import setup_seconds
 from ..errors import ExecutorUnavailable
 from ..executors import _spawn
 from ..executors._base import Executor, Job, in_worker_process
@@ -187,19 +188,23 @@ class AutoExecutor(Executor):
         rows = len(job.rows) - job.start
         assert isinstance(ex, ProcessExecutor), f"the processes executor is a {type(ex).__name__}"
         start = ex.start_cost()
+        # each new worker builds its own state first: setup=, once per worker, counted
+        # as the CPU time it takes (a 2 s model on two workers is 4 s to win back)
+        cal.setup_seconds = setup_seconds(job.fn)
+        setup = cal.setup_seconds * self.workers
         if start is None:  # prep's forkserver is not up: start it, in the background
             costs = _spawn.start_costs()
             if costs.failed:
                 cal.drop("processes", f"its workers could not start here ({costs.failed})")
-            elif cal.plan_server(costs.server or SERVER_PRIOR, rows) and _spawn.warm_up():
+            elif cal.plan_server((costs.server or SERVER_PRIOR) + setup, rows) and _spawn.warm_up():
                 cal.note(
                     f"batch {cal.batches + 1}: prep's forkserver starting in the background "
                     f"(processes would save {cal.processes_would_save(cal.rows) * 1e3:,.1f} ms "
                     f"a batch); processes are weighed once it is up"
                 )
             return
-        cal.process_start = start
-        if not cal.plan_start(start, rows):
+        cal.process_start = start + setup
+        if not cal.plan_start(start + setup, rows):
             return
         try:
             took = ex.load(job.fn, job.remaining())

@@ -22,6 +22,7 @@ from .._output import Output
 from .._padding import allocate
 from .._policy import RAISE, Failures, Policy
 from .._rows import Rows
+from .._state import SetupError
 from ..errors import BatchTimeout, ConfigError, RowError
 
 
@@ -170,6 +171,8 @@ class Job:
         """The row function's result for row ``i``, its exception wrapped as RowError."""
         try:
             return self.rows.call(self.fn, i)
+        except SetupError:
+            raise  # the worker's setup, not this row: never a row error
         except Exception as exc:
             raise RowError(i, f"row {i}: {type(exc).__name__}: {exc}") from exc
 

@@ -20,6 +20,7 @@ import torch
 from .._output import Output, flatten
 from .._policy import RAISE, Policy
 from .._rows import Rows, TensorRows
+from .._state import SetupError
 from ..errors import RemoteTraceback, RowError
 from ._base import BLOCK, Job
 
@@ -107,6 +108,8 @@ def write_rows(fn: Any, rows: Rows, out: Output, start: int, stop: int) -> tuple
         for i in range(block, min(stop, block + BLOCK)):
             try:
                 results.append(rows.call(fn, i))
+            except SetupError as exc:  # not the row's fault: raised as it is in the parent
+                return _error(i, exc, "bad-result")
             except Exception as exc:
                 return _error(i, exc)
         try:
@@ -211,6 +214,8 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
         elif probe:  # one row, sent back whole: its result fixes the output's shape
             try:
                 result = rows.call(fn, start)
+            except SetupError as exc:
+                reply = _error(start, exc, "bad-result")
             except Exception as exc:
                 reply = _error(start, exc)
             else:

@@ -63,7 +63,7 @@ class JoblibExecutor(Executor):
             for future in cf.as_completed(futures, timeout=job.remaining()):
                 errors.extend(self._write(job, future.result()))
         except TerminatedWorkerError as exc:
-            self.close()  # loky's executor is broken for good once a worker died
+            self.close(kill=True)  # loky's executor is broken for good once a worker died
             lost = sorted(futures[f] for f in futures if not _succeeded(f))
             if job.policy.per_row_errors:
                 return errors, lost
@@ -77,7 +77,7 @@ class JoblibExecutor(Executor):
                 rows=(a, b),
             ) from exc
         except cf.TimeoutError as exc:
-            self.close()  # a worker stuck in a hung row would hold its core: kill them all
+            self.close(kill=True)  # a worker stuck in a hung row holds its core: kill them all
             raise job.timed_out(
                 "its workers were terminated; new ones start on the next call"
             ) from exc
@@ -125,10 +125,12 @@ class JoblibExecutor(Executor):
             tasks = [self._pool.submit(_worker.ready, 0.02) for _ in range(2 * self.workers)]
             seen.update(t.result(timeout=max(0.0, end - time.monotonic())) for t in tasks)
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers: asked to exit (so that they close their setup= states), or
+        killed after a timeout or a crash (a worker may be stuck in a hung row)."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True, kill_workers=True)
+            pool.shutdown(wait=True, kill_workers=kill)
 
     def _write(self, job: Job, reply: tuple[Any, ...]) -> list[BaseException]:
         if reply[0] != "chunk":
