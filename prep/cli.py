@@ -6,7 +6,8 @@
 
 Each command is one entry of :data:`COMMANDS`: its help line, a function that
 adds its arguments to its subparser, and its handler (``Namespace -> exit code``).
-Exit codes: 0 done; 1 some shard failed; 2 bad arguments or settings;
+Exit codes: 0 done (rows that failed under ``--on-row-error fill|skip`` included:
+a warning says how many); 1 some shard failed; 2 bad arguments or settings;
 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,7 +26,16 @@ from .api import shutdown
 from .bench import command as bench_command
 from .errors import PrepError, Terminated, UsageError
 from .executors import REGISTRY
-from .run import Progress, RunConfig, explain_first_shard, make_shards, run_shards, sigterm_raises
+from .run import (
+    ROW_ERRORS,
+    Progress,
+    RunConfig,
+    explain_first_shard,
+    make_shards,
+    run_shards,
+    sigterm_raises,
+)
+from .run.rows import describe
 
 __all__ = ["COMMANDS", "Command", "main", "parse_value"]
 
@@ -79,6 +90,26 @@ def _arg(text: str) -> tuple[str, Any]:
     return key, parse_value(value)
 
 
+def _number(text: str) -> bool | int | float:
+    """A ``--pad``/``--fill`` value: a number (``nan`` and ``inf`` too) or true/false."""
+    value = parse_value(text)
+    if isinstance(value, str):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; e.g. 0, -1, 0.5 or nan")
+    return value
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 0 for s in sizes):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a shape; give sizes >= 0 separated by commas, e.g. 128 or 3,64"
+        )
+    return sizes
+
+
 def _columns(text: str) -> tuple[str, ...]:
     names = tuple(c.strip() for c in text.split(","))
     if not all(names):
@@ -119,7 +150,46 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
         help="load .pt files with weights_only=False, which runs any code their pickle holds; "
         "only for files you trust",
     )
+    _configure_run_rows(p.add_argument_group("rows that differ in size, or fail"))
     _configure_run_how(p)
+
+
+def _configure_run_rows(g: argparse._ArgumentGroup) -> None:
+    """Row-level options (prep.run.rows): ragged rows padded, failing rows filled or left out."""
+    g.add_argument(
+        "--pad",
+        type=_number,
+        metavar="VALUE",
+        help="let rows return outputs of different sizes: each output is padded with VALUE "
+        "(a number, e.g. 0, -1 or nan) at the end of every dim to its shard's largest row, "
+        "and each row's size is saved beside it as NAME_lengths (int64 [rows] for 1-D rows, "
+        "[rows, dims] else; e.g. out and out_lengths)",
+    )
+    g.add_argument(
+        "--pad-to",
+        type=_shape,
+        metavar="SHAPE",
+        help="pad every row of every output to this shape instead, e.g. 128 or 3,64 "
+        "(implies --pad 0 unless --pad is given; lengths are saved as with --pad); a "
+        "larger row fails its shard",
+    )
+    g.add_argument(
+        "--on-row-error",
+        choices=ROW_ERRORS,
+        default="raise",
+        help="when the function raises on a row: fail the whole shard (raise, the default; "
+        "--on-error then decides what the run does), fill the row's outputs with --fill "
+        "(fill), or leave the row out of the output (skip). With fill or skip the shard is "
+        "saved and done; its manifest entry lists failed_rows (every index) and row_errors "
+        "(type: message, the first 100), a warning is printed, and the exit code stays 0",
+    )
+    g.add_argument(
+        "--fill",
+        type=_number,
+        metavar="VALUE",
+        help="a failed row's value under --on-row-error fill (default: the --pad value, else 0); "
+        "its lengths are 0",
+    )
 
 
 def _configure_run_how(p: argparse.ArgumentParser) -> None:
@@ -146,8 +216,10 @@ def _configure_run_how(p: argparse.ArgumentParser) -> None:
         "--on-error",
         choices=["stop", "skip"],
         default="stop",
-        help="after a failed shard: finish those in flight and start no more (stop, the "
-        "default), or go on and list the failures at the end (skip); exit code 1 either way",
+        help="after a failed shard (unreadable, unwritable, or a row failed under "
+        "--on-row-error raise): finish those in flight and start no more (stop, the "
+        "default), or go on and list the failures at the end (skip); exit code 1 either way. "
+        "For rows, see --on-row-error",
     )
     p.add_argument(
         "--cluster",
@@ -155,12 +227,16 @@ def _configure_run_how(p: argparse.ArgumentParser) -> None:
         help="send shards to the Dask scheduler at tcp://HOST:PORT, or 'local' to start a "
         "LocalCluster here (needs prep[dask]; workers must see the same files)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress or summary")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress or summary (failures and failed rows are still reported)",
+    )
     p.add_argument(
         "--explain",
         action="store_true",
         help="measure the function on the first shard, print what executor='auto' would "
-        "pick and why, and stop (nothing is written)",
+        "pick and why, with the row options, and stop (nothing is written)",
     )
 
 
@@ -178,15 +254,31 @@ def _run(ns: argparse.Namespace) -> int:
         device=ns.device,
         format=ns.format,
         trust_pickle=ns.trust_pickle,
+        pad=ns.pad,
+        pad_to=ns.pad_to,
+        on_row_error=ns.on_row_error,
+        fill=ns.fill,
     )
-    if ns.explain:
-        try:
-            first, calibration = explain_first_shard(ns.inputs, config)
-        finally:
-            shutdown()
-        print(f"{first}:")
-        print(calibration)
-        return 0
+    if ns.fill is not None and ns.on_row_error != "fill":
+        raise UsageError(f"--fill {ns.fill} is for --on-row-error fill; pass that too")
+    with warnings.catch_warnings():
+        # map_rows warns once a shard about its failed rows; the run reports them itself
+        warnings.filterwarnings("ignore", r"\d+ of \d+ rows failed", RuntimeWarning)
+        return _explain(ns, config) if ns.explain else _run_all(ns, config)
+
+
+def _explain(ns: argparse.Namespace, config: RunConfig) -> int:
+    try:
+        first, calibration = explain_first_shard(ns.inputs, config)
+    finally:
+        shutdown()
+    print(f"{first}:")
+    print(f"row options: {describe(config)}")
+    print(calibration)
+    return 0
+
+
+def _run_all(ns: argparse.Namespace, config: RunConfig) -> int:
     try:
         with sigterm_raises():
             summary = run_shards(

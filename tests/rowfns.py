@@ -160,3 +160,8 @@ def ragged_2d(sample: torch.Tensor) -> dict[str, torch.Tensor]:
         "ids": torch.full((h, w), value, dtype=torch.int64),
         "mask": torch.ones(w, dtype=torch.bool),
     }
+
+
+def ids_and_ids_lengths(sample: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A dict result whose second key is what ``prep run --pad`` names the first's lengths."""
+    return {"ids": sample[:1], "ids_lengths": sample[1:2]}

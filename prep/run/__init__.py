@@ -5,6 +5,7 @@ The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow
     shards.py    find, load (weights_only) and save (temp file, fsync, rename) shard files
     manifest.py  manifest.jsonl: one fsynced line per finished shard; what --resume trusts
     task.py      one shard's work, wherever it runs: load -> map_rows -> save -> entry
+    rows.py      row-level options: ragged rows padded (+ lengths), failed rows recorded
     jobs.py      the driver: shards in flight, results recorded, Ctrl-C/SIGTERM handled
     local.py     where shards run by default: threads of this process, one Pool each
     dask.py      where they run with ``cluster``: a Dask scheduler (prep[dask])
@@ -25,6 +26,7 @@ from __future__ import annotations
 from .jobs import ON_ERROR, run_shards
 from .manifest import Manifest
 from .progress import Progress, Summary
+from .rows import ROW_ERRORS
 from .shards import (
     FORMATS,
     ShardFile,
@@ -42,6 +44,7 @@ __all__ = [
     "ON_ERROR",
     "Manifest",
     "Progress",
+    "ROW_ERRORS",
     "RunConfig",
     "ShardFile",
     "ShardTask",

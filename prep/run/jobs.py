@@ -43,6 +43,7 @@ from ..executors import executor_class
 from .local import LocalBackend
 from .manifest import Manifest
 from .progress import Progress, Summary
+from .rows import check_rows
 from .shards import FORMATS, find_shards
 from .signals import shielded
 from .task import RunConfig, ShardTask, load_fn
@@ -86,6 +87,7 @@ def _check(config: RunConfig, jobs: int | None, on_error: str) -> None:
         choices = ", ".join(map(repr, FORMATS.values()))
         raise ConfigError(f"format={config.format!r} is not one of {choices} (or None)")
     executor_class(config.executor)  # raises ConfigError naming the choices
+    check_rows(config)
     check_device(config.device)  # a CUDA device where torch has none fails here, not per shard
     load_fn(config.fn)  # fail before any work when the function cannot be imported
     try:
@@ -130,7 +132,9 @@ def run_shards(
 
     ``jobs``: shards in flight at once (default 2 locally; on a cluster, one per
     worker thread). ``on_error="stop"`` finishes the shards in flight and starts
-    no more after a failure; ``"skip"`` goes on. ``resume`` skips the shards the
+    no more after a failed shard; ``"skip"`` goes on (a row the function raises on
+    fails its shard unless ``config.on_row_error`` is ``"fill"`` or ``"skip"``, which
+    keep the shard and record the row in the manifest). ``resume`` skips the shards the
     manifest proves done. ``cluster``: a Dask scheduler address, or ``"local"``.
     Ctrl-C (and SIGTERM under :func:`sigterm_raises`) abandons the shards in
     flight, removes their temporary files and re-raises.
@@ -198,7 +202,10 @@ def _plan(
         if not manifest.is_done(previous.get(s.rel), s, recipe)
     )
     summary = Summary(
-        shards=len(shards), skipped=len(shards) - len(todo), manifest=str(manifest.path)
+        shards=len(shards),
+        skipped=len(shards) - len(todo),
+        manifest=str(manifest.path),
+        on_row_error=config.on_row_error,
     )
     return manifest, todo, summary, stale
 
@@ -236,6 +243,9 @@ def _drive(
             summary.done += 1
             summary.rows += outcome["rows"]
             summary.bytes_read += outcome["input_size"]
+            if outcome.get("failed_rows"):
+                summary.rows_failed += len(outcome["failed_rows"])
+                summary.shards_with_failed_rows += 1
             progress.done(outcome)
     summary.not_started = len(todo)
 

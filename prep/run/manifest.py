@@ -15,11 +15,24 @@ One entry (schema 1; keys sorted when written)::
      "columns": null, "prep": "0.1.0", "torch": "2.13.0",
      "seconds": 0.41, "finished": "2025-01-01T12:00:00Z"}
 
+The row-level options (:mod:`prep.run.rows`) add their fields only when given,
+so an entry without them is one made with the defaults; ``--on-row-error
+fill``/``skip`` also record the shard's failed rows, every index, and the errors
+of the first 100 (``rows`` stays the input's count; under skip the output holds
+``rows - len(failed_rows)``)::
+
+     "pad": 0, "pad_to": [16], "on_row_error": "fill", "fill": -1,
+     "failed_rows": [3, 17],
+     "row_errors": [{"row": 3, "error": "ValueError: bad sample 4"},
+                    {"row": 17, "error": "ValueError: bad sample 18"}]
+
 A shard counts as done (and ``--resume`` skips it) only when its latest entry
 matches the input's current size and mtime, the same ``fn``, ``args`` and
-``columns``, and the output file's current sha256. Versions and timings are
-recorded, not compared: executors agree bit for bit, so the executor, the
-worker count and the device are not part of the match either.
+``columns`` and row-level options, and the output file's current sha256. A
+shard with failed rows is as done as any other: its output is what those
+options make. Versions and timings are recorded, not compared: executors agree
+bit for bit, so the executor, the worker count and the device are not part of
+the match either.
 """
 
 from __future__ import annotations
@@ -36,8 +49,8 @@ __all__ = ["NAME", "SCHEMA", "Manifest"]
 
 NAME = "manifest.jsonl"
 SCHEMA = 1
-#: the fields that say which computation produced an output
-RECIPE = ("fn", "args", "columns")
+#: the fields that say which computation produced an output (absent: the default)
+RECIPE = ("fn", "args", "columns", "pad", "pad_to", "on_row_error", "fill")
 
 
 class Manifest:
@@ -68,7 +81,7 @@ class Manifest:
         self, entry: Mapping[str, Any] | None, shard: ShardFile, recipe: Mapping[str, Any]
     ) -> bool:
         """Whether ``entry`` proves that ``shard``'s output under this folder is current."""
-        if entry is None or any(entry.get(k) != recipe[k] for k in RECIPE):
+        if entry is None or any(entry.get(k) != recipe.get(k) for k in RECIPE):
             return False
         try:
             st = shard.path.stat()

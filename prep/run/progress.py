@@ -35,10 +35,14 @@ class Summary:
     seconds: float = 0.0
     interrupted: str | None = None  # "SIGINT" or "SIGTERM"
     manifest: str = ""
+    on_row_error: str = "raise"  # what rows the function raised on did: see prep.run.rows
+    rows_failed: int = 0  # under on_row_error fill/skip: filled or left out
+    shards_with_failed_rows: int = 0
 
     @property
     def exit_code(self) -> int:
-        """0 when every shard is done; 1 when some failed; 130/143 when interrupted."""
+        """0 when every shard is done (failed rows under fill/skip included: the run did
+        what it was asked, and warns); 1 when some shard failed; 130/143 when interrupted."""
         if self.interrupted is not None:
             return 143 if self.interrupted == "SIGTERM" else 130
         return 1 if self.failed else 0
@@ -87,7 +91,7 @@ class Progress:
         else:
             self._line(
                 f"[{self._count}/{self._total}] {entry['input']}: {entry['rows']:,} rows "
-                f"in {entry['seconds']:.2f} s"
+                f"in {entry['seconds']:.2f} s{_failed_rows(entry)}"
             )
 
     def failed(self, name: str, error: str) -> None:
@@ -99,7 +103,7 @@ class Progress:
             self._line(f"[{self._count}/{self._total}] {name} FAILED: {error}")
 
     def finish(self, s: Summary) -> None:
-        """Close the bar and print the summary (failures even when quiet)."""
+        """Close the bar and print the summary (failures and failed rows even when quiet)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -111,6 +115,13 @@ class Progress:
                 f"failed, {s.not_started + s.abandoned} not finished; {s.rows:,} rows; "
                 f"{mb:,.1f} MB read in {s.seconds:.2f} s ({mb / secs:,.1f} MB/s, "
                 f"{s.rows / secs:,.0f} rows/s)"
+            )
+        if s.rows_failed:
+            what = "filled" if s.on_row_error == "fill" else "left out"
+            self._line(
+                f"warning: {s.rows_failed:,} row(s) in {s.shards_with_failed_rows} shard(s) "
+                f"failed and were {what} (--on-row-error {s.on_row_error}); each shard's "
+                f"failed_rows and row_errors are in {s.manifest}"
             )
         for name, tb in s.tracebacks.items():
             self._line(f"{name} failed with:")
@@ -133,3 +144,12 @@ class Progress:
 
     def _line(self, text: str) -> None:
         print(f"prep run: {text}", file=self.stream, flush=True)
+
+
+def _failed_rows(entry: dict[str, Any]) -> str:
+    """``"; 2 rows failed, filled"`` for a shard with failed rows, else nothing."""
+    failed = entry.get("failed_rows")
+    if not failed:
+        return ""
+    what = "filled" if entry.get("on_row_error") == "fill" else "left out"
+    return f"; {len(failed):,} row(s) failed, {what}"

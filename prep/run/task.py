@@ -1,8 +1,10 @@
 """One shard's work, wherever it runs (a thread of ``prep run``, or a Dask worker).
 
     ShardTask ─▶ stat ─▶ load_shard (weights_only) ─▶ the batch (dict, or --columns tuple)
-              ─▶ map_rows(fn, batch) ─▶ result dict (out / out0.. / its keys)
-              ─▶ save_shard (temp, fsync, rename) ─▶ manifest entry (returned, not written)
+              ─▶ map_rows(fn, batch, row options) ─▶ result dict (out / out0.. / its keys,
+                 each with NAME_lengths after it under --pad; see :mod:`prep.run.rows`)
+              ─▶ save_shard (temp, fsync, rename) ─▶ manifest entry (returned, not written;
+                 with the failed rows under --on-row-error fill/skip)
 
 Everything a task needs travels in it (paths, the function's *name*, its
 arguments), so it pickles small; the function is imported where it runs.
@@ -27,8 +29,17 @@ from .. import __version__
 from .._imports import load_callable
 from ..api import Pool, explain, map_rows
 from ..auto import Calibration
-from ..errors import Cancelled, ShardError
+from ..errors import Cancelled, RowError, ShardError
 from .manifest import SCHEMA
+from .rows import (
+    check_rows,
+    failed_rows,
+    map_options,
+    recipe_fields,
+    refilled,
+    unpack,
+    with_lengths,
+)
 from .shards import ShardFile, find_shards, load_shard, save_shard
 from .temps import Temps
 
@@ -47,11 +58,17 @@ class RunConfig:
     device: str | None = None
     format: str | None = None  # "pt" or "safetensors"; None: the input's
     trust_pickle: bool = False
+    # row-level options (see prep.run.rows): ragged rows padded, failing rows kept
+    pad: bool | int | float | None = None  # None: every row returns equal shapes
+    pad_to: tuple[int, ...] | None = None  # a fixed row shape for every output
+    on_row_error: str = "raise"  # "raise" (the shard fails), "fill" or "skip"
+    fill: bool | int | float | None = None  # a failed row's value (None: the pad, else 0)
 
     def recipe(self) -> dict[str, Any]:
-        """The fields that say which computation made an output (see :mod:`prep.run.manifest`)."""
+        """The fields that say which computation made an output (see :mod:`prep.run.manifest`);
+        the row-level options only where they differ from the defaults."""
         columns = list(self.columns) if self.columns is not None else None
-        return {"fn": self.fn, "args": dict(self.args), "columns": columns}
+        return {"fn": self.fn, "args": dict(self.args), "columns": columns, **recipe_fields(self)}
 
 
 @dataclass(frozen=True)
@@ -148,17 +165,13 @@ def run_shard(
         # compute where the result is wanted: the batched twin then runs on the GPU
         batch = _to(batch, config.device)
     _check(cancel, src)
-    if pool is not None:
-        result = pool.map_rows(fn, batch)
-    else:
-        result = map_rows(
-            fn, batch, executor=config.executor, workers=config.workers, device=config.device
-        )
+    result = _map(fn, batch, rows, config, pool, src)
     _check(cancel, src)
     if _stat(src.path) != before:  # with mmap the data was read during the call
         raise ShardError(f"{src.path}: changed while it was read; rerun once it is complete")
+    tensors, failures = _outputs(result, fn, batch, config)
     dest, rel = src.output(task.out, config.format)
-    sha, size = save_shard(_named(result, config.fn), dest, config.format or src.format, temps)
+    sha, size = save_shard(tensors, dest, config.format or src.format, temps)
     return {
         "schema": SCHEMA,
         "input": src.rel,
@@ -169,11 +182,57 @@ def run_shard(
         "output_sha256": sha,
         "rows": rows,
         **config.recipe(),
+        **failures,
         "prep": __version__,
         "torch": torch.__version__,
         "seconds": round(time.monotonic() - started, 6),
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _map(
+    fn: Callable[..., Any],
+    batch: Any,
+    rows: int,
+    config: RunConfig,
+    pool: Pool | None,
+    src: ShardFile,
+) -> Any:
+    """``map_rows`` on the shard, through ``pool`` if there is one, with the row options."""
+    options = map_options(config)
+    try:
+        if pool is not None:
+            return pool.map_rows(fn, batch, **options)
+        return map_rows(
+            fn, batch, executor=config.executor, workers=config.workers, device=config.device,
+            **options,
+        )  # fmt: skip
+    except RowError as exc:
+        if config.on_row_error == "raise":
+            raise
+        # under fill/skip a row's error stays its own: only a shard where every row
+        # failed gets here, with no row to show the output's shape
+        raise ShardError(
+            f"{src.path}: all {rows} rows failed (--on-row-error {config.on_row_error}), "
+            f"so there is no output to save; the first, {exc.__cause__ or exc}"
+        ) from exc
+
+
+def _outputs(
+    result: Any, fn: Callable[..., Any], batch: Any, config: RunConfig
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The tensors to save (with their lengths under --pad) and the entry's failed-row
+    fields (under --on-row-error fill/skip; none otherwise)."""
+    out, lengths, valid = unpack(result, config)
+    if valid is not None:
+        out = refilled(out, valid, config)
+    tensors = _named(out, config.fn)
+    if lengths is not None:
+        tensors = with_lengths(tensors, _named(lengths, config.fn))
+    if valid is None:
+        return tensors, {}
+    failed, errors = failed_rows(fn, batch, valid)
+    return tensors, {"failed_rows": failed, "row_errors": errors}
 
 
 def explain_first_shard(
@@ -183,7 +242,10 @@ def explain_first_shard(
 
     The function of ``config`` is calibrated on that shard's batch, as
     :func:`prep.explain` does (``prep run --explain``); nothing is written.
-    ``print()`` the calibration for a few readable lines.
+    ``print()`` the calibration for a few readable lines. With row-level options
+    (``pad``, ``on_row_error``...) the whole shard runs through an ``auto`` pool
+    with them, since :func:`prep.explain` takes none, and the pool's choice is
+    returned: the calibration then describes the run as it will be.
 
     >>> import tempfile, prep.run
     >>> data = tempfile.mkdtemp()
@@ -193,9 +255,18 @@ def explain_first_shard(
     >>> path.name, calibration.choice in prep.executors
     ('shard-00000.pt', True)
     """
+    check_rows(config)
     first = find_shards(inputs)[0].path  # find_shards raises ConfigError when there are none
-    batch, _ = _batch(load_shard(first, trust_pickle=config.trust_pickle), config.columns, first)
-    return first, explain(_bound(config.fn, config.args), batch, workers=config.workers)
+    batch, rows = _batch(load_shard(first, trust_pickle=config.trust_pickle), config.columns, first)
+    if rows == 0:
+        raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
+    fn = _bound(config.fn, config.args)
+    options = map_options(config)
+    if not options:
+        return first, explain(fn, batch, workers=config.workers)
+    with Pool("auto", config.workers) as pool:
+        pool.map_rows(fn, batch, **options)
+        return first, pool.choices()[-1]
 
 
 def _stat(path: Path) -> tuple[int, int]:
