@@ -18,6 +18,7 @@ from torch import Tensor
 from ._output import Output, Result
 from ._padding import given_padded
 from ._policy import Failures, Policy
+from ._progress import RowProgress
 from ._rows import Rows
 from .errors import ConfigError, RowError
 from .executors import Executor, Job
@@ -46,8 +47,31 @@ def run(
     timeout: float | None,
     policy: Policy,
     returns: Returns = Returns(),  # noqa: B008 (frozen, so one shared default is safe)
+    progress: bool = False,
 ) -> Any:
     """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it."""
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress={progress!r} is not True or False")
+    if not progress:
+        return _run(ex, fn, rows, out, device, timeout, policy, returns, None)
+    bar = RowProgress(len(rows))
+    try:
+        return _run(ex, fn, rows, out, device, timeout, policy, returns, bar.advance)
+    finally:
+        bar.close()
+
+
+def _run(
+    ex: Executor,
+    fn: Callable[..., Any],
+    rows: Rows,
+    out: Any,
+    device: torch.device | None,
+    timeout: float | None,
+    policy: Policy,
+    returns: Returns,
+    progress: Callable[[int], None] | None,
+) -> Any:
     n = len(rows)
     given = _given(out, n, policy)
     home = rows.device
@@ -59,13 +83,13 @@ def run(
                 f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
             )
         staging = given.like(pin=bound_for_cuda)
-    job = Job(fn, rows, staging, timeout, pin=bound_for_cuda, policy=policy)
+    job = Job(fn, rows, staging, timeout, pin=bound_for_cuda, policy=policy, progress=progress)
     result = given if n == 0 and given is not None else ex.run(job)
     if result is None:
         raise _no_shape(n, job.failures, policy)
     result.finish()
     if job.failures:
-        job.failures.warn(n, policy, stacklevel=4)
+        job.failures.warn(n, policy, stacklevel=7)  # the caller of map_rows / Pool.map_rows
     if given is not None and result is not given:
         for dst, src in zip(given.buffers, result.buffers):
             dst.copy_(src, non_blocking=src.is_pinned())

@@ -189,6 +189,7 @@ class PaddedOutput(Output):
         self.sizes = [_zeros((len(b), b.dim() - 1), shared) for b in buffers]  # int64 [rows, dims]
         self._sizes = [s.numpy() for s in self.sizes]  # the same memory: a row's write is cheap
         self.growths = [0] * len(buffers)
+        self.failed: dict[int, Number | None] = {}  # row -> its fill (None: the pad)
         self.lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -263,6 +264,7 @@ class PaddedOutput(Output):
         """Row ``i`` failed: every leaf filled with ``value`` (None: its pad value), and
         its sizes 0."""
         with torch.no_grad(), self.lock:
+            self.failed[i - self.offset] = value  # filled again once the size is final
             for buf, sizes, pad in zip(self.buffers, self.sizes, self.pads):
                 buf[i - self.offset].fill_(pad if value is None else value)
                 sizes[i - self.offset] = 0
@@ -295,11 +297,13 @@ class PaddedOutput(Output):
                 self.sizes[k][lo : lo + n] = sizes
 
     def finish(self) -> None:
-        """Trim each leaf to its longest row (after a growth past it), or to pad_to."""
+        """Trim each leaf to its longest row (after a growth past it), or to pad_to; a
+        failed row is filled whole again (a growth after it padded the new room)."""
         for k, (buf, sizes) in enumerate(zip(self.buffers, self.sizes)):
-            if self.fixed[k] is not None or not len(buf):
-                continue
-            self.buffers[k] = trimmed(buf, sizes.amax(0).tolist())
+            if self.fixed[k] is None and len(buf):
+                self.buffers[k] = buf = trimmed(buf, sizes.amax(0).tolist())
+            for j, value in self.failed.items():
+                buf[j].fill_(self.pads[k] if value is None else value)
 
     def lengths(self) -> Result:
         """Each row's size per leaf: int64 ``[rows]`` for 1-D rows, ``[rows, dims]`` else."""

@@ -89,7 +89,7 @@ class Failures:
         what = "filled" if policy.on_error == "fill" else "left out"
         warnings.warn(
             f"{len(self.errors)} of {rows} rows failed and were {what} "
-            f"(on_error={policy.on_error!r}); the first, row {first}: {self.errors[first]}",
+            f"(on_error={policy.on_error!r}); the first: {self.errors[first]}",
             RuntimeWarning,
             stacklevel=stacklevel,
         )

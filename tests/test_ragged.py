@@ -265,3 +265,26 @@ def test_a_row_that_kills_its_worker_is_the_only_failed_row(no_leaks, executor, 
         assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)  # the pool recovered
         with pytest.raises(prep.WorkerCrashed):  # under "raise" it stays a crash
             pool.map_rows(fn, x)
+
+
+@pytest.mark.parametrize("executor", ["serial", "threads", "processes", "joblib"])
+def test_a_failed_row_is_filled_whole_even_when_a_longer_row_comes_after(executor):
+    """fill differs from pad: the failed rows must hold fill across the final width,
+    whatever order the rows finished in (no bytes that depend on the executor)."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 60, (200,), generator=g).tolist()
+    fails = set(range(0, 200, 7))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = prep.map_samples(
+            rowfns.variable, samples(lengths, fails), executor=executor, workers=2,
+            pad=0, on_error="fill", fill=-1,
+        )  # fmt: skip
+    assert [w.filename for w in seen] == [__file__]  # one warning, pointing at the caller
+    rows = [
+        torch.full((max(lengths),), -1.0) if i in fails else rowfns.variable(s)
+        for i, s in enumerate(samples(lengths, fails))
+    ]
+    assert torch.equal(
+        out, reference(rows, 0.0, (max(n for i, n in enumerate(lengths) if i not in fails),))
+    )
