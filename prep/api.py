@@ -145,12 +145,14 @@ def _call(
     fill: Any = None,
     return_lengths: bool = False,
     return_valid: bool = False,
+    progress: bool = False,
 ) -> Any:
     policy = Policy.of(pad, pad_to, on_error, fill)
     returns = Returns(return_lengths, return_valid)
     return run(
-        ex, fn, rows, out=out, device=device, timeout=timeout, policy=policy, returns=returns
-    )
+        ex, fn, rows, out=out, device=device, timeout=timeout, policy=policy, returns=returns,
+        progress=progress,
+    )  # fmt: skip
 
 
 def map_rows(
@@ -169,6 +171,7 @@ def map_rows(
     fill: Any = None,
     return_valid: bool = False,
     setup: Callable[[], Any] | None = None,
+    progress: bool = False,
 ) -> Any:
     """Run ``fn`` on every row of ``batch`` and stack the results into one output.
 
@@ -202,7 +205,8 @@ def map_rows(
     calls it once, where it runs (once per thread under ``threads``, once per
     process under ``processes``/``joblib``), and ``fn`` receives the result as the
     keyword ``state=``. States stay warm with their pools; ``close()`` is called
-    on them when their worker stops.
+    on them when their worker stops. ``progress=True`` shows a tqdm bar of rows
+    on a terminal (nothing elsewhere).
 
     >>> import torch, prep
     >>> prep.map_rows(lambda r: r.flip(0), torch.arange(6).view(2, 3), executor="threads")
@@ -216,7 +220,7 @@ def map_rows(
     return _module_call(
         executor, fn, rows_of(batch), workers, device=device, timeout=timeout, out=out,
         pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
-        fill=fill, return_valid=return_valid, setup=setup,
+        fill=fill, return_valid=return_valid, setup=setup, progress=progress,
     )  # fmt: skip
 
 
@@ -236,12 +240,13 @@ def map_samples(
     fill: Any = None,
     return_valid: bool = False,
     setup: Callable[[], Any] | None = None,
+    progress: bool = False,
 ) -> Any:
     """Like :func:`map_rows`, over a list of arbitrary samples: ``fn(sample)`` for each."""
     return _module_call(
         executor, fn, SampleRows(list(samples)), workers, device=device, timeout=timeout,
         out=out, pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
-        fill=fill, return_valid=return_valid, setup=setup,
+        fill=fill, return_valid=return_valid, setup=setup, progress=progress,
     )  # fmt: skip
 
 
@@ -294,8 +299,10 @@ class Pool:
         device: Any = None,
         timeout: float | None = None,
         setup: Callable[[], Any] | None = None,
+        progress: bool = False,
     ) -> None:
         self.executor = _check_name(executor)
+        self.progress = progress  # each call's default
         self._binder = Binder(setup) if setup is not None else None
         self.workers = resolve_workers(workers)
         self.device = check_device(device)
@@ -328,6 +335,7 @@ class Pool:
         ex = self._get(_choose(self.executor))
         if self._binder is not None:
             fn = self._binder.bind(fn)
+        options.setdefault("progress", self.progress)
         return _call(ex, fn, rows, device=self.device, timeout=self.timeout, **options)
 
     def explain(self) -> str:

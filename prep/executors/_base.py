@@ -9,6 +9,7 @@ lost a worker rebuilds itself on the next call).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -116,6 +117,7 @@ class Job:
     policy: Policy = RAISE  # padding, and what a failing row does
     failures: Failures = field(default_factory=Failures)  # shared by a job's parts
     shared: bool = False  # allocate the output in shared memory (a worker's chunk)
+    progress: Callable[[int], None] | None = None  # told as rows finish (progress=True)
 
     def __post_init__(self) -> None:
         self.clock = self.deadline or Deadline(self.timeout)
@@ -127,26 +129,13 @@ class Job:
         if stop is not None and stop < len(rows):
             assert out is not None, "a part up to a stop writes into an allocated output"
             rows, out = rows.head(stop), out.head(stop)
-        return Job(
-            self.fn,
-            rows,
-            out,
-            self.timeout,
-            self.pin,
-            start,
-            self.clock,
-            self.policy,
-            self.failures,
-        )
+        return dataclasses.replace(self, rows=rows, output=out, start=start, deadline=self.clock)
 
     def strict(self) -> Job:
         """This job with ``on_error='raise'``: for a batched call, which cannot keep a
         failing row's error to that row (the caller then runs the rows one by one)."""
         policy = Policy(self.policy.padding)
-        return Job(
-            self.fn, self.rows, self.output, self.timeout, self.pin, self.start, self.clock,
-            policy, self.failures, self.shared,
-        )  # fmt: skip
+        return dataclasses.replace(self, policy=policy, deadline=self.clock)
 
     def restart_clock(self) -> None:
         self.clock.restart()
@@ -205,6 +194,11 @@ class Job:
         assert self.output is not None
         self.output.merge(chunk)
 
+    def advance(self, rows: int) -> None:
+        """``rows`` more rows finished (written or failed): for a progress bar."""
+        if self.progress is not None:
+            self.progress(rows)
+
     def fail(self, i: int, error: RowError) -> None:
         """Row ``i`` failed under ``on_error='fill'``/``'skip'``: noted, and filled."""
         self.failures.add(i, error)
@@ -230,6 +224,7 @@ class Job:
                 if (result := self.outcome(i)) is not FAILED:
                     self.store(i, result)
                 i += 1
+                self.advance(1)
                 continue
             end = min(stop, i + BLOCK)
             results = []
@@ -242,6 +237,7 @@ class Job:
                         self.output.write(j, r)
             else:
                 self.output.write_block(i, results)
+            self.advance(end - i)
             i = end
 
 

@@ -128,14 +128,17 @@ class Dispatch:
     def _handle(self, w: Worker, msg: tuple[Any, ...]) -> list[BaseException]:
         job, tag = self.job, msg[0]
         if tag == "done":
+            job.advance(msg[2] - msg[1])
             w.held = None
             return []
         if tag == "chunk":
             w.held = None
             _worker.merge_chunk(job, msg)
+            job.advance(msg[2] - msg[1])
             return []
         if tag == "probe":
             w.held = None
+            job.advance(1)
             leaves = flatten(msg[2])[1]
             check_shm(len(job.rows) * sum(t.nbytes for t in leaves), "the output")
             job.store(msg[1], msg[2], shared=True)

@@ -136,6 +136,7 @@ class JoblibExecutor(Executor):
         if reply[0] != "chunk":
             return [_worker.error_from_reply(reply)]
         _worker.merge_chunk(job, reply)
+        job.advance(reply[2] - reply[1])
         return []
 
 

@@ -49,6 +49,7 @@ class VectorizedExecutor(Executor):
             rows = rows.replace([c[job.start :] for c in rows.columns])
         # one call, so its exception (and traceback) reaches the caller as it is
         result = rows.call_batched(twin)
+        job.advance(len(rows))
         spec, leaves = flatten(result, what=what)
         n = len(rows)
         for leaf in leaves:
