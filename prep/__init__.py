@@ -11,7 +11,7 @@ from __future__ import annotations
 from . import ops
 from ._rowwise import rowwise
 from ._system import info
-from .api import Pool, explain, map_rows, map_samples, shutdown
+from .api import explain, map_rows, map_samples, shutdown
 from .collate import Collate
 from .errors import (
     BatchTimeout,
@@ -23,6 +23,7 @@ from .errors import (
     WorkerCrashed,
 )
 from .executors import REGISTRY as executors
+from .pool import Pool
 
 __version__ = "0.1.0"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Any
 
 from tqdm import tqdm
@@ -34,6 +35,27 @@ class RowProgress:
         if self._bar is not None and rows:
             with self._lock:
                 self._bar.update(rows)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+class BatchProgress:
+    """A stream's bar: batches done, with the rows a second over the stream so far."""
+
+    def __init__(self) -> None:
+        self._bar = bar(None, "batch")
+        self._rows = 0
+        self._start = time.perf_counter()
+
+    def advance(self, rows: int) -> None:
+        if self._bar is None:
+            return
+        self._rows += rows
+        rate = self._rows / max(time.perf_counter() - self._start, 1e-9)
+        self._bar.set_postfix_str(f"{rate:,.0f} rows/s", refresh=False)
+        self._bar.update(1)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -26,15 +26,11 @@ from collections.abc import Callable
 from multiprocessing import util
 from typing import Any
 
-from .errors import ConfigError
+from .errors import SetupError
 
 #: this process's stores, by pool: a worker unpickles the same store every batch
 _STORES: dict[str, WorkerState] = {}
 _STORES_LOCK = threading.Lock()
-
-
-class SetupError(ConfigError):
-    """``setup`` raised: not a row's fault, so never a row error (nor filled)."""
 
 
 class WorkerState:

@@ -1,6 +1,8 @@
-"""``map_rows``, ``map_samples`` and ``Pool``: the public face of the executors.
+"""``map_rows``, ``map_samples``, ``explain`` and ``shutdown``: the public face of the
+executors, with the warm pools ``map_rows`` keeps between calls (:class:`prep.Pool`,
+in :mod:`prep.pool`, is the one you hold yourself).
 
-Data flows one way::
+Data flows one way (one batch's trip is :func:`prep._batch.run`)::
 
     batch ──rows_of──▶ Rows ──executor.run──▶ Output (CPU, pinned if bound for CUDA)
                                                   │
@@ -25,7 +27,6 @@ from ._policy import Policy
 from ._rows import Rows, SampleRows, rows_of
 from ._state import Binder
 from .auto import AutoExecutor, Calibration, Calibrator
-from .errors import ConfigError
 from .executors import REGISTRY, Executor, Job, executor_class, in_worker_process, resolve_workers
 
 AUTO = "auto"
@@ -35,7 +36,7 @@ _binders: dict[Callable[[], Any], Binder] = {}
 _warm_lock = threading.RLock()
 _warned_fallback = False
 
-__all__ = ["AUTO", "Pool", "explain", "in_worker_process", "map_rows", "map_samples", "shutdown"]
+__all__ = ["AUTO", "explain", "in_worker_process", "map_rows", "map_samples", "shutdown"]
 
 
 def _choose(executor: str) -> str:
@@ -281,102 +282,3 @@ def explain(
     job = Job(fn, rows, policy=Policy.of(pad, pad_to, on_error, fill))
     get = lambda name: _warm_executor(name, n_workers)  # noqa: E731
     return Calibrator(job, get, n_workers, not in_worker_process()).run()
-
-
-class Pool:
-    """A warm executor of one kind, reused across batches; close it when done.
-
-    >>> import torch, prep
-    >>> with prep.Pool("threads", workers=2) as pool:
-    ...     pool.map_rows(torch.neg, torch.ones(2, 2)).tolist()
-    [[-1.0, -1.0], [-1.0, -1.0]]
-    """
-
-    def __init__(
-        self,
-        executor: str = AUTO,
-        workers: int | None = None,
-        device: Any = None,
-        timeout: float | None = None,
-        setup: Callable[[], Any] | None = None,
-        progress: bool = False,
-    ) -> None:
-        self.executor = _check_name(executor)
-        self.progress = progress  # each call's default
-        self._binder = Binder(setup) if setup is not None else None
-        self.workers = resolve_workers(workers)
-        self.device = check_device(device)
-        self.timeout = check_timeout(timeout)
-        self._executors: dict[str, Executor] = {}
-        self._closed = False
-        self._lock = threading.Lock()  # two threads' first calls build one executor
-        self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
-
-    def _get(self, name: str) -> Executor:
-        with self._lock:
-            if self._closed:
-                raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
-            ex = self._executors.get(name)
-            if ex is None:
-                ex = self._executors[name] = REGISTRY[name](self.workers)
-            return ex
-
-    def map_rows(self, fn: Callable[..., Any], batch: Any, **options: Any) -> Any:
-        """:func:`map_rows` with this pool's executor, workers, device and timeout; the
-        same keywords (``out``, ``pad``, ``pad_to``, ``return_lengths``, ``on_error``,
-        ``fill``, ``return_valid``)."""
-        return self._call(fn, rows_of(batch), options)
-
-    def map_samples(self, fn: Callable[[Any], Any], samples: Sequence[Any], **options: Any) -> Any:
-        """:func:`map_samples` with this pool's executor, workers, device and timeout."""
-        return self._call(fn, SampleRows(list(samples)), options)
-
-    def _call(self, fn: Callable[..., Any], rows: Rows, options: dict[str, Any]) -> Any:
-        ex = self._get(_choose(self.executor))
-        if self._binder is not None:
-            fn = self._binder.bind(fn)
-        options.setdefault("progress", self.progress)
-        return _call(ex, fn, rows, device=self.device, timeout=self.timeout, **options)
-
-    def explain(self) -> str:
-        """What ``auto`` measured and chose for each signature this pool has seen."""
-        auto = self._executors.get(AUTO)
-        return auto.explain() if isinstance(auto, AutoExecutor) else "nothing yet"
-
-    def choices(self) -> list[Calibration]:
-        """``auto``'s latest :class:`~prep.auto.Calibration` for each signature this pool
-        has seen (its ``.choice`` is the executor it runs); empty for other executors."""
-        auto = self._executors.get(AUTO)
-        return list(auto.choices().values()) if isinstance(auto, AutoExecutor) else []
-
-    def close(self) -> None:
-        """Stop the pool's threads or processes. It is safe to call this several times.
-        In a forked child (a DataLoader worker holding a copy of this pool) it only
-        forgets them: the workers are the parent's."""
-        with self._lock:
-            self._closed = True
-            executors, self._executors = self._executors, {}
-        if os.getpid() != self._pid:
-            return
-        for ex in executors.values():
-            ex.close()
-        if self._binder is not None:
-            self._binder.close()  # the states of this process's workers (serial, threads)
-
-    def __enter__(self) -> Pool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else "open"
-        return (
-            f"<prep.Pool executor={self.executor!r} workers={self.workers} "
-            f"device={str(self.device) if self.device else None!r} "
-            f"timeout={self.timeout} {state}>"
-        )

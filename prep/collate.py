@@ -33,8 +33,9 @@ from ._batch import Returns
 from ._checks import check_device
 from ._output import Result, flatten
 from ._policy import Policy
-from .api import AUTO, Pool
+from .api import AUTO
 from .executors import available_cores, executor_class, in_worker_process, resolve_workers
+from .pool import Pool
 
 __all__ = ["Collate"]
 

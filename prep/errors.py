@@ -7,6 +7,7 @@
     │   ├── ExecutorUnavailable   the executor cannot run this job here: its workers
     │   │   │                     cannot start, or /dev/shm has no room
     │   │   └── FunctionLoadError a worker could not load the row function
+    │   ├── SetupError   ``setup=`` raised (never a row error, never filled)
     │   └── UsageError   command-line arguments that cannot work together (exit 2)
     ├── RowError         the row function raised; ``.row`` is the row's index and
     │                    ``__cause__`` carries the original exception or traceback
@@ -34,6 +35,7 @@ __all__ = [
     "PrepError",
     "RemoteTraceback",
     "RowError",
+    "SetupError",
     "ShardError",
     "StackError",
     "Terminated",
@@ -55,6 +57,11 @@ class ExecutorUnavailable(ConfigError):
 
     ``auto`` falls back to its next best executor on this error, with a warning.
     """
+
+
+class SetupError(ConfigError):
+    """``setup=`` raised where a worker called it: not a row's fault, so never a
+    :class:`RowError` (nor a filled row); ``__cause__`` is its exception."""
 
 
 class FunctionLoadError(ExecutorUnavailable):

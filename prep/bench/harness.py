@@ -35,6 +35,7 @@ import torch
 from .. import api
 from .._rowwise import twin_of
 from .._system import info
+from ..pool import Pool
 from .baselines import loop_stack, plain_joblib
 from .cell_text import group_line
 from .grid import AUTO, AUTO_FIRST, FIRST_CALLS, LOOP, PEER_WORKLOADS, PLAIN_JOBLIB, POOLS, Grid
@@ -142,7 +143,7 @@ def _startup(grid: Grid, say: Progress) -> list[Startup]:
 
 def _probe(name: str, workers: int) -> Startup:
     rows = torch.randn(64, 8)
-    pool = api.Pool(name, workers=workers)
+    pool = Pool(name, workers=workers)
     try:
         times = []
         for _ in range(4):
@@ -237,7 +238,7 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
     with contextlib.ExitStack() as stack:
         auto_pool = None
         if AUTO in names:
-            auto_pool = api.Pool(AUTO, workers=g.workers, timeout=g.grid.timeout)
+            auto_pool = Pool(AUTO, workers=g.workers, timeout=g.grid.timeout)
             stack.callback(auto_pool.close)
         peers = PeerGroup(g.grid.peers, g.workload, g.batch, g.workers)
         stack.callback(peers.close)
@@ -307,7 +308,7 @@ def _first_calls(
 
 
 def _variants(
-    g: _Group, names: list[str], auto_pool: api.Pool | None
+    g: _Group, names: list[str], auto_pool: Pool | None
 ) -> tuple[dict[str, Callable[[], Any]], int]:
     """A zero-argument call per variant of prep's, and the rows plain joblib is timed on."""
     w, batch, workers, timeout = g.workload, g.batch, g.workers, g.grid.timeout
@@ -347,7 +348,7 @@ def _timed(g: _Group, variants: dict[str, Callable[[], Any]]) -> dict[str, Timin
     return timings
 
 
-def _note_choice(g: _Group, pool: api.Pool) -> None:
+def _note_choice(g: _Group, pool: Pool) -> None:
     """Add what auto chose (its latest calibration's choice) to its cells' notes."""
     choices = pool.choices()
     if not choices:

@@ -23,8 +23,7 @@ from .._output import Output
 from .._padding import allocate
 from .._policy import RAISE, Failures, Policy
 from .._rows import Rows
-from .._state import SetupError
-from ..errors import BatchTimeout, ConfigError, RowError
+from ..errors import BatchTimeout, ConfigError, RowError, SetupError
 
 
 def available_cores() -> int:

@@ -20,8 +20,7 @@ import torch
 from .._output import Output, flatten
 from .._policy import RAISE, Policy
 from .._rows import Rows, TensorRows
-from .._state import SetupError
-from ..errors import RemoteTraceback, RowError
+from ..errors import RemoteTraceback, RowError, SetupError
 from ._base import BLOCK, Job
 
 _THREAD_VARS = (

@@ -131,6 +131,7 @@ def _serve(tasks: queue.SimpleQueue[Task | None], intra: int) -> None:
     _own_intra_op_threads(intra)
     while (task := tasks.get()) is not None:
         task()
+        del task  # the task holds its batch's output: keep nothing alive between batches
 
 
 def _own_intra_op_threads(intra: int) -> None:

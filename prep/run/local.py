@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from ..api import Pool
+from ..pool import Pool
 from .task import RunConfig, ShardTask, run_shard
 from .temps import Temps
 

@@ -27,9 +27,10 @@ from torch import Tensor
 
 from .. import __version__
 from .._imports import load_callable
-from ..api import Pool, explain, map_rows
+from ..api import explain, map_rows
 from ..auto import Calibration
 from ..errors import Cancelled, RowError, ShardError
+from ..pool import Pool
 from .manifest import SCHEMA
 from .rows import (
     check_rows,

@@ -1,0 +1,297 @@
+"""A stream of batches, the next ones prepared while the caller uses this one.
+
+``Pool.imap`` hands :class:`Stream` a ``call`` that runs one batch (the pool's
+``map_rows`` with its options) and the user's iterable of batches::
+
+    producer thread "prep-imap"                       consumer (the training loop)
+    ───────────────────────────                       ────────────────────────────
+    take a slot (at most prefetch) ◀──── slot freed ── next(stream) takes result k
+    batch = next(batches)   (a DataLoader's work)          │
+    result = call(batch)    (one pool batch)               ▼
+    results.put(result) ──── queue.Queue(prefetch) ──▶ train_step(result k)
+
+One producer thread, not several: prep's executors run one batch at a time (a
+pool holds a lock; a process pool's pipes carry one conversation), so a second
+producer would only wait on that lock. What overlaps is the preprocessing of
+batches k+1..k+prefetch, pulling them from ``batches`` included, with the
+consumer's own work on batch k (a training step, mostly GPU kernels and torch
+ops that release the GIL). Memory stays bounded: a slot is taken before a batch
+is pulled and given back when the consumer takes its result, so at most
+``prefetch`` results wait or are being made, besides the one the consumer
+holds: ``prefetch + 1`` outputs alive.
+
+An error, raised by ``call`` or by ``batches``, reaches the consumer in its
+place in the order, after the results before it, with its own type and
+traceback; nothing after it is started. Stopping early (``break``,
+:meth:`Stream.close`, the stream being garbage-collected, Ctrl-C while waiting
+for a batch) sets a stop event that the producer checks before each pull and
+while it waits: a batch already running finishes (it cannot be interrupted
+safely), then the thread ends and is joined. The thread never holds a
+reference to the Stream, so dropping the Stream is what closes it.
+
+``prefetch=0`` runs each batch in the consumer's thread when it is asked for:
+no thread and no overlap, for debugging and profiling.
+
+>>> import torch, prep
+>>> batches = (torch.full((2, 3), float(k)) for k in range(3))
+>>> with prep.Pool("threads", workers=2) as pool:
+...     with Stream(lambda b: pool.map_rows(torch.neg, b), batches, prefetch=2) as stream:
+...         [out[0, 0].item() for out in stream]
+[-0.0, -1.0, -2.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+
+__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Stream", "check_prefetch"]
+
+THREAD_NAME = "prep-imap"
+#: seconds :meth:`Stream.close` waits for a batch in flight to finish
+JOIN_TIMEOUT = 30.0
+#: seconds between the waiting side's looks at the stop event (and at the producer)
+POLL = 0.1
+
+# what the producer puts in the queue: (kind, value)
+_RESULT, _ERROR, _END = "result", "error", "end"
+
+
+def check_prefetch(prefetch: Any) -> int:
+    """``prefetch`` as an int >= 0; a ConfigError naming it and the fix otherwise."""
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ConfigError(
+            f"prefetch={prefetch!r} is not a whole number of batches; pass prefetch >= 1 "
+            f"(e.g. prefetch=2) to prepare that many batches ahead while you use the "
+            f"current one, or prefetch=0 to run each batch in your loop's thread"
+        )
+    return prefetch
+
+
+@dataclass(frozen=True)
+class _TorchState:
+    """The consumer's thread-local torch settings that change what ``call`` makes: grad
+    and inference mode, and the current CUDA device and stream (DDP's
+    ``torch.cuda.set_device(rank)`` must hold for ``device="cuda"``, and a result
+    copied on another stream than the consumer's could be read before it lands)."""
+
+    grad: bool
+    inference: bool
+    cuda_stream: Any  # torch.cuda.Stream, or None when CUDA is not initialized
+
+    @classmethod
+    def here(cls) -> _TorchState:
+        stream = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
+        return cls(torch.is_grad_enabled(), torch.is_inference_mode_enabled(), stream)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """These settings in the calling thread (the producer's, for its whole life)."""
+        if self.cuda_stream is not None:
+            torch.cuda.set_device(self.cuda_stream.device)
+            torch.cuda.set_stream(self.cuda_stream)
+        # inference_mode(False) would turn grad mode on: enter it only when it is on
+        with torch.inference_mode() if self.inference else contextlib.nullcontext():
+            torch.set_grad_enabled(self.grad)
+            yield
+
+
+class _Link:
+    """What the producer and the consumer share: the results queue, the slots that bound
+    it and the stop event. Never the Stream itself, whose life decides when to stop."""
+
+    def __init__(self, prefetch: int) -> None:
+        self.results: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=prefetch)
+        self.slots = threading.Semaphore(prefetch)
+        self.stop = threading.Event()
+
+    def reserve(self) -> bool:
+        """Wait for a slot for one more batch; False once the consumer has stopped."""
+        while not self.stop.is_set():
+            if self.slots.acquire(timeout=POLL):
+                return not self.stop.is_set()
+        return False
+
+    def put(self, kind: str, value: Any) -> bool:
+        """Hand an item to the consumer; False (the item dropped) once it has stopped."""
+        while not self.stop.is_set():
+            try:
+                self.results.put((kind, value), timeout=POLL)
+                return True
+            except queue.Full:  # cannot happen (an item per slot), but never block for good
+                continue
+        return False
+
+    def take(self, producer: threading.Thread) -> tuple[str, Any]:
+        """The next item, waiting for it in short steps (Ctrl-C gets through at once)."""
+        while True:
+            try:
+                item = self.results.get(timeout=POLL)
+            except queue.Empty:
+                if not producer.is_alive() and self.results.empty():
+                    raise RuntimeError(
+                        f"the {THREAD_NAME} thread ended without a result or an error"
+                    ) from None
+                continue
+            self.slots.release()
+            return item
+
+    def drain(self) -> None:
+        """Drop the results nobody will take, so their memory goes now."""
+        while True:
+            try:
+                self.results.get_nowait()
+            except queue.Empty:
+                return
+
+
+def _produce(
+    call: Callable[[Any], Any], batches: Iterator[Any], link: _Link, state: _TorchState
+) -> None:
+    """The producer thread's life: every batch until they end, one fails or the consumer
+    stops; an error goes to the consumer, which raises it in its place."""
+    try:
+        with state.applied():
+            _run_batches(call, batches, link)
+    except BaseException as exc:
+        link.put(_ERROR, exc)
+
+
+def _run_batches(call: Callable[[Any], Any], batches: Iterator[Any], link: _Link) -> None:
+    """Pull a batch, run it, hand over its result, in order, one slot each."""
+    while link.reserve():
+        try:
+            batch = next(batches)
+        except StopIteration:
+            link.put(_END, None)
+            return
+        if link.stop.is_set():  # stopped while the batch was pulled: do not start it
+            return
+        result = call(batch)
+        del batch  # hold neither while waiting for the next slot: memory stays bounded
+        if not link.put(_RESULT, result):
+            return
+        del result
+
+
+def _surfaced(exc: BaseException) -> BaseException:
+    """The error to raise in the consumer: a StopIteration from ``call`` would end the
+    consumer's loop silently, as if the batches had run out (PEP 479)."""
+    if isinstance(exc, StopIteration):
+        err = RuntimeError("the batch function raised StopIteration")
+        err.__cause__ = exc
+        return err
+    return exc
+
+
+class Stream(Iterator[Any]):
+    """The results of ``call(batch)`` for each batch of ``batches``, in order, up to
+    ``prefetch`` of them prepared ahead in a background thread while the caller uses the
+    current one. An iterator; :meth:`close` (or leaving a ``with`` block, or dropping
+    it) stops the work. The producer thread takes the grad and inference mode and
+    the CUDA device and stream current where the Stream is made.
+    """
+
+    def __init__(
+        self, call: Callable[[Any], Any], batches: Iterable[Any], prefetch: int = 2
+    ) -> None:
+        self.prefetch = check_prefetch(prefetch)
+        self._call = call
+        self._batches = iter(batches)
+        self._delivered = 0
+        self._closed = False
+        self._link = _Link(self.prefetch)  # unused at prefetch=0
+        self._thread: threading.Thread | None = None
+        if self.prefetch:
+            args = (call, self._batches, self._link, _TorchState.here())
+            self._thread = threading.Thread(
+                target=_produce, args=args, name=THREAD_NAME, daemon=True
+            )
+            self._thread.start()
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        if self._thread is None:
+            return self._run_here()
+        try:
+            kind, value = self._link.take(self._thread)
+        except BaseException:  # Ctrl-C while waiting: stop the work, then let it through
+            self.close()
+            raise
+        if kind == _RESULT:
+            self._delivered += 1
+            return value
+        self.close()  # the producer has ended; nothing follows
+        if kind == _END:
+            raise StopIteration
+        error, value = _surfaced(value), None
+        try:
+            raise error
+        finally:
+            del error  # no cycle through this frame: the error's traceback holds the batch
+
+    def _run_here(self) -> Any:
+        """``prefetch=0``: pull and run the next batch in the caller's thread."""
+        try:
+            batch = next(self._batches)
+        except BaseException:  # StopIteration (the end) or the batches' own error
+            self._closed = True
+            raise
+        try:
+            result = self._call(batch)
+        except BaseException as exc:
+            self._closed = True
+            raise _surfaced(exc)  # noqa: B904 (the error itself, or its RuntimeError)
+        self._delivered += 1
+        return result
+
+    def close(self, timeout: float = JOIN_TIMEOUT) -> None:
+        """Stop preparing batches: none is pulled any more, a batch already running
+        finishes and the thread ends; wait up to ``timeout`` seconds for it (a warning
+        if it is still running then: it ends by itself once its batch is done).
+        It is safe to call this several times."""
+        if self._closed:
+            return
+        self._closed = True
+        thread = self._thread
+        if thread is None:
+            return
+        self._link.stop.set()
+        if thread is not threading.current_thread():  # the collector may run anywhere
+            thread.join(timeout)
+            if thread.is_alive():
+                warnings.warn(
+                    f"the {THREAD_NAME} thread's batch did not finish within {timeout} s "
+                    f"of close(); it stops once that batch is done (a batch cannot be "
+                    f"interrupted safely; a pool's timeout= bounds it)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        self._link.drain()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<prep.Stream prefetch={self.prefetch} delivered={self._delivered} {state}>"
