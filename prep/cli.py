@@ -128,6 +128,12 @@ def _configure_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="output folder (and its manifest)")
     p.add_argument("--fn", required=True, help="the row function, MODULE:FUNCTION")
     p.add_argument(
+        "--setup",
+        metavar="MODULE:FUNCTION",
+        help="per-worker state: called once where each worker runs (a tokenizer, a model); "
+        "the row function gets what it returns as the keyword state=",
+    )
+    p.add_argument(
         "--arg",
         action="append",
         type=_arg,
@@ -258,6 +264,7 @@ def _run(ns: argparse.Namespace) -> int:
         pad_to=ns.pad_to,
         on_row_error=ns.on_row_error,
         fill=ns.fill,
+        setup=ns.setup,
     )
     if ns.fill is not None and ns.on_row_error != "fill":
         raise UsageError(f"--fill {ns.fill} is for --on-row-error fill; pass that too")

@@ -43,3 +43,12 @@ def where(row: torch.Tensor, *, state: Tracked) -> torch.Tensor:
 
 def broken_setup() -> Tracked:
     raise RuntimeError("the model file is missing")
+
+
+def offset_state() -> dict[str, float]:
+    """For ``prep run --setup``: the state a row function adds to its rows."""
+    return {"offset": 100.0}
+
+
+def add_offset(x: torch.Tensor, *, state: dict[str, float]) -> torch.Tensor:
+    return x + state["offset"]

@@ -482,3 +482,18 @@ def test_two_runs_into_one_out_at_once_both_finish(tmp_path, capsys):
     entries = manifest.entries()
     recipe = prep.run.RunConfig("tests.rowfns:slow", columns=("x",)).recipe()
     assert all(manifest.is_done(entries.get(s.rel), s, recipe) for s in S.find_shards([data]))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("executor", ["threads", "processes"])
+def test_run_with_setup_gives_the_row_function_its_state(tmp_path, executor):
+    data = make(tmp_path / "data", shards=2, rows=8)
+    out = tmp_path / "out"
+    assert cli("run", data, "--out", out, "--fn", "tests.statefns:add_offset",
+               "--setup", "tests.statefns:offset_state", "--columns", "x",
+               "--executor", executor, "--workers", 2, "--quiet") == 0  # fmt: skip
+    for name in ("shard-00000.pt", "shard-00001.pt"):
+        source = S.load_shard(data / name)["x"]
+        assert torch.equal(S.load_shard(out / name)["out"], source + 100.0)
+    (entry,) = [e for e in Manifest(out).entries().values()][:1]
+    assert entry["setup"] == "tests.statefns:offset_state"

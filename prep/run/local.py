@@ -20,7 +20,8 @@ class LocalBackend:
     def __init__(self, config: RunConfig, jobs: int) -> None:
         self.slots = jobs
         self._pools: list[Pool] = [
-            Pool(config.executor, config.workers, config.device) for _ in range(jobs)
+            Pool(config.executor, config.workers, config.device, setup=config.setup_fn())
+            for _ in range(jobs)
         ]
         self._free: queue.SimpleQueue[Pool] = queue.SimpleQueue()
         for pool in self._pools:

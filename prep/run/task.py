@@ -64,12 +64,21 @@ class RunConfig:
     pad_to: tuple[int, ...] | None = None  # a fixed row shape for every output
     on_row_error: str = "raise"  # "raise" (the shard fails), "fill" or "skip"
     fill: bool | int | float | None = None  # a failed row's value (None: the pad, else 0)
+    setup: str | None = None  # "module:function" of per-worker state (state= for fn)
 
     def recipe(self) -> dict[str, Any]:
         """The fields that say which computation made an output (see :mod:`prep.run.manifest`);
         the row-level options only where they differ from the defaults."""
         columns = list(self.columns) if self.columns is not None else None
-        return {"fn": self.fn, "args": dict(self.args), "columns": columns, **recipe_fields(self)}
+        setup = {"setup": self.setup} if self.setup else {}  # the state it used made it too
+        return {
+            "fn": self.fn, "args": dict(self.args), "columns": columns, **setup,
+            **recipe_fields(self),
+        }  # fmt: skip
+
+    def setup_fn(self) -> Callable[[], Any] | None:
+        """``--setup`` imported (where the shard runs), or None."""
+        return load_callable(self.setup, "--setup") if self.setup else None
 
 
 @dataclass(frozen=True)
@@ -206,7 +215,7 @@ def _map(
             return pool.map_rows(fn, batch, **options)
         return map_rows(
             fn, batch, executor=config.executor, workers=config.workers, device=config.device,
-            **options,
+            setup=config.setup_fn(), **options,
         )  # fmt: skip
     except RowError as exc:
         if config.on_row_error == "raise":
@@ -263,9 +272,9 @@ def explain_first_shard(
         raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
     fn = _bound(config.fn, config.args)
     options = map_options(config)
-    if not options:
+    if not options and not config.setup:
         return first, explain(fn, batch, workers=config.workers)
-    with Pool("auto", config.workers) as pool:
+    with Pool("auto", config.workers, setup=config.setup_fn()) as pool:
         pool.map_rows(fn, batch, **options)
         return first, pool.choices()[-1]
 
