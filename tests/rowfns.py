@@ -165,3 +165,17 @@ def ragged_2d(sample: torch.Tensor) -> dict[str, torch.Tensor]:
 def ids_and_ids_lengths(sample: torch.Tensor) -> dict[str, torch.Tensor]:
     """A dict result whose second key is what ``prep run --pad`` names the first's lengths."""
     return {"ids": sample[:1], "ids_lengths": sample[1:2]}
+
+
+def exits(row: torch.Tensor) -> torch.Tensor:
+    """Row 1 ends its worker process at once (``os._exit``, no cleanup)."""
+    if int(row.flatten()[0]) == 1:
+        os._exit(3)
+    return row
+
+
+def shaped(sample: torch.Tensor) -> torch.Tensor:
+    """``sample`` = [dims, d0, d1, d2, dtype index, value]: a tensor of that many dims."""
+    dims, d0, d1, d2, dtype, value = (int(v) for v in sample[:6])
+    kind = (torch.float32, torch.int64, torch.bool, torch.float16)[dtype]
+    return torch.full((d0, d1, d2)[:dims], value, dtype=torch.float32).to(kind)

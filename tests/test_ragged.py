@@ -59,6 +59,21 @@ def test_padded_rows_match_the_reference(executor, lengths, pad):
     assert lengths_out.dtype == torch.int64 and lengths_out.tolist() == lengths
 
 
+@pytest.mark.parametrize("executor", ["serial", "threads", "processes"])
+@settings(max_examples=10, deadline=None)
+@given(
+    dims=st.integers(1, 3),
+    dtype=st.integers(0, 3),
+    shapes=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=40
+    ),
+)
+def test_padded_rows_of_any_dims_and_dtype_match_the_reference(executor, dims, dtype, shapes):
+    batch = [torch.tensor([dims, *s, dtype, i % 7 + 1]) for i, s in enumerate(shapes)]
+    got = prep.map_samples(rowfns.shaped, batch, executor=executor, workers=2, pad=0)
+    assert torch.equal(got, reference([rowfns.shaped(b) for b in batch], 0))
+
+
 @pytest.mark.parametrize("executor", PER_ROW)
 def test_rows_sorted_by_length_and_per_leaf_pads(executor):
     """Longest last (the output grows at every row) and a dict result: ids padded with
@@ -254,7 +269,9 @@ def test_collate_pads_variable_length_samples_in_a_dataloader(num_workers):
 
 
 @pytest.mark.parametrize("executor", ["processes", "joblib"])
-@pytest.mark.parametrize("fn", [rowfns.segfault, rowfns.suicide], ids=["segfault", "sigkill"])
+@pytest.mark.parametrize(
+    "fn", [rowfns.segfault, rowfns.suicide, rowfns.exits], ids=["segfault", "sigkill", "os._exit"]
+)
 def test_a_row_that_kills_its_worker_is_the_only_failed_row(no_leaks, executor, fn):
     x = torch.arange(24.0).view(24, 1)
     with prep.Pool(executor, workers=2) as pool:
