@@ -41,21 +41,34 @@ class RowProgress:
             self._bar.close()
 
 
-class BatchProgress:
-    """A stream's bar: batches done, with the rows a second over the stream so far."""
+class CountBar:
+    """A bar of items (a stream's batches, ``prep run``'s shards), each with the rows it
+    held: ``N rows, R rows/s`` beside the count. On ``file`` (default stderr); None
+    off a terminal."""
 
-    def __init__(self) -> None:
-        self._bar = bar(None, "batch")
+    def __init__(
+        self, unit: str, total: int | None = None, desc: str | None = None, file: Any = None
+    ) -> None:
+        if file is None:
+            self._bar = bar(total, unit, desc)
+        else:
+            self._bar = tqdm(total=total, unit=unit, desc=desc, file=file, dynamic_ncols=True)
         self._rows = 0
         self._start = time.perf_counter()
 
     def advance(self, rows: int) -> None:
+        """One more item, of ``rows`` rows."""
         if self._bar is None:
             return
         self._rows += rows
         rate = self._rows / max(time.perf_counter() - self._start, 1e-9)
-        self._bar.set_postfix_str(f"{rate:,.0f} rows/s", refresh=False)
+        self._bar.set_postfix_str(f"{self._rows:,} rows, {rate:,.0f} rows/s", refresh=False)
         self._bar.update(1)
+
+    def write(self, line: str, file: Any = None) -> None:
+        """A line above the bar."""
+        if self._bar is not None:
+            self._bar.write(line, file=file)
 
     def close(self) -> None:
         if self._bar is not None:

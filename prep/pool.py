@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ._checks import check_device, check_timeout
-from ._progress import BatchProgress
+from ._progress import CountBar
 from ._rows import Rows, SampleRows, rows_of
 from ._state import Binder
 from ._stream import Stream, check_prefetch
@@ -128,7 +128,7 @@ class Pool:
             return Stream(
                 lambda batch: method(fn, batch, progress=False, **options), batches, prefetch
             )
-        meter = BatchProgress()
+        meter = CountBar("batch")
 
         def call(batch: Any) -> Any:
             out = method(fn, batch, progress=False, **options)

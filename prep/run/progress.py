@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from tqdm import tqdm
+from .._progress import CountBar
 
 __all__ = ["Progress", "Summary"]
 
@@ -74,10 +74,8 @@ class Progress:
                 f"{skipped} shard(s) already done per the manifest, skipped; "
                 f"{stale} stale temporary file(s) removed"
             )
-        if self.bar_wanted:
-            self._bar = tqdm(
-                total=todo, unit="shard", desc="prep run", file=self.stream, dynamic_ncols=True
-            )
+        if self.bar_wanted:  # the stream's bar too: shards with their rows and rows/s
+            self._bar = CountBar("shard", todo, "prep run", self.stream)
 
     def done(self, entry: dict[str, Any]) -> None:
         self._count += 1
@@ -85,9 +83,7 @@ class Progress:
         if self.quiet:
             return
         if self._bar is not None:
-            rate = self._rows / max(time.monotonic() - self._started, 1e-9)
-            self._bar.set_postfix_str(f"{self._rows:,} rows, {rate:,.0f} rows/s", refresh=False)
-            self._bar.update(1)
+            self._bar.advance(int(entry["rows"]))
         else:
             self._line(
                 f"[{self._count}/{self._total}] {entry['input']}: {entry['rows']:,} rows "
@@ -97,7 +93,7 @@ class Progress:
     def failed(self, name: str, error: str) -> None:
         self._count += 1
         if self._bar is not None:
-            self._bar.update(1)
+            self._bar.advance(0)
             self._bar.write(f"prep run: {name} FAILED: {error}", file=self.stream)
         elif not self.quiet:
             self._line(f"[{self._count}/{self._total}] {name} FAILED: {error}")
