@@ -26,13 +26,15 @@ from .executors import Executor, Job
 
 @dataclass(frozen=True)
 class Returns:
-    """What a call returns beside the output: ``(out, lengths, valid)``, those asked for."""
+    """What a call returns beside the output: ``(out, lengths, valid, errors)``, those
+    asked for."""
 
     lengths: bool = False
     valid: bool = False
+    errors: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("lengths", "valid"):
+        for name in ("lengths", "valid", "errors"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"return_{name}={getattr(self, name)!r} is not True or False")
 
@@ -102,7 +104,9 @@ def _run(
         result = Output(result.spec, [b.index_select(0, keep.to(b.device)) for b in result.buffers])
         lengths = _select(lengths, keep) if lengths is not None else None
     out_value = _to(result, device)
-    extra = [x for x, asked in ((lengths, returns.lengths), (valid, returns.valid)) if asked]
+    errors = dict(sorted(job.failures.errors.items()))
+    asked = ((lengths, returns.lengths), (valid, returns.valid), (errors, returns.errors))
+    extra = [x for x, wanted in asked if wanted]
     return (out_value, *extra) if extra else out_value
 
 

@@ -146,10 +146,11 @@ def _call(
     fill: Any = None,
     return_lengths: bool = False,
     return_valid: bool = False,
+    return_errors: bool = False,
     progress: bool = False,
 ) -> Any:
     policy = Policy.of(pad, pad_to, on_error, fill)
-    returns = Returns(return_lengths, return_valid)
+    returns = Returns(return_lengths, return_valid, return_errors)
     return run(
         ex, fn, rows, out=out, device=device, timeout=timeout, policy=policy, returns=returns,
         progress=progress,
@@ -171,6 +172,7 @@ def map_rows(
     on_error: str = "raise",
     fill: Any = None,
     return_valid: bool = False,
+    return_errors: bool = False,
     setup: Callable[[], Any] | None = None,
     progress: bool = False,
 ) -> Any:
@@ -199,8 +201,9 @@ def map_rows(
     rows, ``[B, dims]`` else). Bad rows: ``on_error="fill"`` fills a failed
     row with ``fill=`` (default: the pad value, else 0), ``"skip"`` leaves it
     out; either warns once, and ``return_valid=True`` also returns a bool ``[B]``
-    mask of the rows that succeeded. With return flags the call returns
-    ``(out, lengths, valid)``, those asked for, in that order.
+    mask of the rows that succeeded, ``return_errors=True`` a dict of each failed
+    row's ``RowError``. With return flags the call returns ``(out, lengths, valid,
+    errors)``, those asked for, in that order.
 
     Per-worker state: with ``setup=`` (a function of no arguments) each worker
     calls it once, where it runs (once per thread under ``threads``, once per
@@ -221,7 +224,8 @@ def map_rows(
     return _module_call(
         executor, fn, rows_of(batch), workers, device=device, timeout=timeout, out=out,
         pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
-        fill=fill, return_valid=return_valid, setup=setup, progress=progress,
+        fill=fill, return_valid=return_valid, return_errors=return_errors, setup=setup,
+        progress=progress,
     )  # fmt: skip
 
 
@@ -240,6 +244,7 @@ def map_samples(
     on_error: str = "raise",
     fill: Any = None,
     return_valid: bool = False,
+    return_errors: bool = False,
     setup: Callable[[], Any] | None = None,
     progress: bool = False,
 ) -> Any:
@@ -247,7 +252,8 @@ def map_samples(
     return _module_call(
         executor, fn, SampleRows(list(samples)), workers, device=device, timeout=timeout,
         out=out, pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
-        fill=fill, return_valid=return_valid, setup=setup, progress=progress,
+        fill=fill, return_valid=return_valid, return_errors=return_errors, setup=setup,
+        progress=progress,
     )  # fmt: skip
 
 

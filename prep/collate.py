@@ -71,6 +71,7 @@ class Collate:
         on_error: str = "raise",
         fill: Any = None,
         return_valid: bool = False,
+        return_errors: bool = False,
         setup: Callable[[], Any] | None = None,
     ) -> None:
         if not callable(fn):
@@ -85,9 +86,10 @@ class Collate:
         self.options = {
             "pad": pad, "pad_to": pad_to, "return_lengths": return_lengths,
             "on_error": on_error, "fill": fill, "return_valid": return_valid,
+            "return_errors": return_errors,
         }  # fmt: skip
         Policy.of(pad, pad_to, on_error, fill)  # checked here, not at the first batch
-        Returns(return_lengths, return_valid)
+        Returns(return_lengths, return_valid, return_errors)
         self.setup = setup
         self._pool: Pool | None = None
         self._pid: int | None = None
@@ -135,9 +137,8 @@ class Collate:
                 stacklevel=2,
             )
         if self.pin_memory and not in_worker and self.device is None and torch.cuda.is_available():
-            result = _pinned(
-                result, extras=self.options["return_lengths"] or self.options["return_valid"]
-            )
+            extras = ("return_lengths", "return_valid", "return_errors")
+            result = _pinned(result, extras=any(self.options[k] for k in extras))
         return result
 
     def close(self) -> None:
@@ -162,7 +163,7 @@ class Collate:
 
 
 def _pinned(result: Any, extras: bool) -> Any:
-    """The output (the first of ``(out, lengths, valid)`` with ``extras``) in pinned memory."""
+    """The output (the first of ``(out, lengths, valid, errors)`` with ``extras``) pinned."""
     if extras:
         return (_pinned(result[0], extras=False), *result[1:])
     spec, leaves = flatten(result)

@@ -305,3 +305,13 @@ def test_a_failed_row_is_filled_whole_even_when_a_longer_row_comes_after(executo
     assert torch.equal(
         out, reference(rows, 0.0, (max(n for i, n in enumerate(lengths) if i not in fails),))
     )
+
+
+def test_return_errors_gives_each_failed_rows_error():
+    out, valid, errors = quiet(
+        prep.map_samples, rowfns.variable, samples([2, 2, 2, 2], {1, 3}), executor="threads",
+        on_error="fill", return_valid=True, return_errors=True,
+    )  # fmt: skip
+    assert sorted(errors) == [1, 3] and not valid[1] and not valid[3]
+    assert isinstance(errors[1], prep.RowError) and isinstance(errors[1].__cause__, ValueError)
+    assert str(errors[3].__cause__) == "bad sample 4"

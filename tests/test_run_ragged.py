@@ -304,3 +304,20 @@ def test_the_reference_is_what_padding_means():
     rows = [rowfns.variable(r) for r in samples([2, 0, 1])]
     assert torch.equal(padded([2, 0, 1], 0), torch.nn.utils.rnn.pad_sequence(rows, True))
     assert padded([1, 3, 2], 0, {1: -1}).tolist() == [[1, 0], [-1, -1], [3, 3]]
+
+
+@pytest.mark.timeout(120)
+def test_a_row_that_kills_its_worker_is_a_recorded_failed_row(tmp_path, capsys):
+    """The row's error comes from the pool, not from running the row again in the run's
+    own process (a segfaulting row would take the run down)."""
+    data = tmp_path / "data"
+    S.save_shard({"x": torch.arange(12.0).view(12, 1)}, data / "a.pt", "pt")
+    out = tmp_path / "out"
+    assert cli("run", data, "--out", out, "--fn", "tests.rowfns:segfault", "--columns", "x",
+               "--executor", "processes", "--workers", 2, "--on-row-error", "fill",
+               "--fill", -1) == 0  # fmt: skip
+    e = entry(out, "a.pt")
+    assert e["failed_rows"] == [1]
+    assert e["row_errors"][0]["row"] == 1 and "WorkerCrashed" in e["row_errors"][0]["error"]
+    got = S.load_shard(out / "a.pt")["out"]
+    assert got[1].item() == -1 and got[2].item() == 2.0

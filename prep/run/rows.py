@@ -20,7 +20,7 @@ the same.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
@@ -38,7 +38,6 @@ __all__ = [
     "failed_rows",
     "map_options",
     "recipe_fields",
-    "refilled",
     "unpack",
     "with_lengths",
 ]
@@ -86,35 +85,25 @@ def map_options(config: RunConfig) -> dict[str, Any]:
     if padded(config):
         options.update(pad=config.pad, pad_to=config.pad_to, return_lengths=True)
     if config.on_row_error != "raise":
-        options.update(on_error=config.on_row_error, fill=config.fill, return_valid=True)
+        options.update(
+            on_error=config.on_row_error, fill=config.fill, return_valid=True, return_errors=True
+        )
     return options
 
 
-def unpack(result: Any, config: RunConfig) -> tuple[Any, Any, Tensor | None]:
-    """``map_rows``'s answer as (output, lengths or None, valid mask or None)."""
+def unpack(
+    result: Any, config: RunConfig
+) -> tuple[Any, Any, Tensor | None, dict[int, BaseException]]:
+    """``map_rows``'s answer as (output, lengths or None, valid mask or None, the
+    failed rows' errors)."""
     if not map_options(config):
-        return result, None, None
+        return result, None, None, {}
     out, *extra = result
     lengths = extra.pop(0) if padded(config) else None
-    valid = extra.pop(0) if config.on_row_error != "raise" else None
-    return out, lengths, valid
-
-
-def refilled(out: Any, valid: Tensor, config: RunConfig) -> Any:
-    """``out`` with every failed row filled whole with the fill value (``fill``, else the
-    pad, else 0), under ``on_row_error="fill"``.
-
-    ``map_rows`` fills a failed row as far as the output reaches when the row fails,
-    and a later, longer row pads the rest of it: with a fill unlike the pad, the bytes
-    would depend on the order rows finish in, which differs between executors.
-    """
-    if config.on_row_error != "fill" or bool(valid.all()):
-        return out
-    value = next((v for v in (config.fill, config.pad) if v is not None), 0)
-    leaves = out.values() if isinstance(out, Mapping) else out if isinstance(out, tuple) else [out]
-    for t in leaves:
-        t[(~valid).to(t.device)] = value
-    return out
+    if config.on_row_error == "raise":
+        return out, lengths, None, {}
+    valid, errors = extra
+    return out, lengths, valid, errors
 
 
 def with_lengths(named: Mapping[str, Tensor], lengths: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -132,24 +121,22 @@ def with_lengths(named: Mapping[str, Tensor], lengths: Mapping[str, Tensor]) -> 
 
 
 def failed_rows(
-    fn: Callable[..., Any], batch: Any, valid: Tensor
+    valid: Tensor, errors: dict[int, BaseException]
 ) -> tuple[list[int], list[dict[str, Any]]]:
     """The rows that failed (every index) and, for the first :data:`MAX_ERRORS` of
-    them, ``{"row": i, "error": "Type: message"}`` read by running the row again."""
+    them, ``{"row": i, "error": "Type: message"}`` of the row function's exception
+    (or of the worker's death, for a row that killed it)."""
     failed = (~valid).nonzero().flatten().tolist()
-    return failed, [{"row": i, "error": _error_of(fn, batch, i)} for i in failed[:MAX_ERRORS]]
+    return failed, [{"row": i, "error": _text(errors.get(i))} for i in failed[:MAX_ERRORS]]
 
 
-def _error_of(fn: Callable[..., Any], batch: Any, i: int) -> str:
-    try:
-        if isinstance(batch, Mapping):
-            fn(**{k: v[i] for k, v in batch.items()})
-        else:
-            fn(*(v[i] for v in batch))
-    except Exception as exc:
-        text = f"{type(exc).__name__}: {exc}"
-        return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
-    return "unknown: the row failed in the shard's run, but not when run again to read its error"
+def _text(error: BaseException | None) -> str:
+    """``Type: message`` of the row's own exception (a RowError's cause)."""
+    if error is None:
+        return "unknown: the row failed but left no error"
+    cause = error.__cause__ if error.__cause__ is not None else error
+    text = f"{type(cause).__name__}: {cause}"
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def recipe_fields(config: RunConfig) -> dict[str, Any]:

@@ -37,7 +37,6 @@ from .rows import (
     failed_rows,
     map_options,
     recipe_fields,
-    refilled,
     unpack,
     with_lengths,
 )
@@ -179,7 +178,7 @@ def run_shard(
     _check(cancel, src)
     if _stat(src.path) != before:  # with mmap the data was read during the call
         raise ShardError(f"{src.path}: changed while it was read; rerun once it is complete")
-    tensors, failures = _outputs(result, fn, batch, config)
+    tensors, failures = _outputs(result, config)
     dest, rel = src.output(task.out, config.format)
     sha, size = save_shard(tensors, dest, config.format or src.format, temps)
     return {
@@ -228,21 +227,17 @@ def _map(
         ) from exc
 
 
-def _outputs(
-    result: Any, fn: Callable[..., Any], batch: Any, config: RunConfig
-) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def _outputs(result: Any, config: RunConfig) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """The tensors to save (with their lengths under --pad) and the entry's failed-row
     fields (under --on-row-error fill/skip; none otherwise)."""
-    out, lengths, valid = unpack(result, config)
-    if valid is not None:
-        out = refilled(out, valid, config)
+    out, lengths, valid, errors = unpack(result, config)
     tensors = _named(out, config.fn)
     if lengths is not None:
         tensors = with_lengths(tensors, _named(lengths, config.fn))
     if valid is None:
         return tensors, {}
-    failed, errors = failed_rows(fn, batch, valid)
-    return tensors, {"failed_rows": failed, "row_errors": errors}
+    failed, row_errors = failed_rows(valid, errors)
+    return tensors, {"failed_rows": failed, "row_errors": row_errors}
 
 
 def explain_first_shard(
