@@ -92,13 +92,13 @@ def _run(
     result.finish()
     if job.failures:
         job.failures.warn(n, policy, stacklevel=7)  # the caller of map_rows / Pool.map_rows
+    lengths = result.lengths() if returns.lengths else None  # the rows' own, as written
     if given is not None and result is not given:
         for dst, src in zip(given.buffers, result.buffers):
             dst.copy_(src, non_blocking=src.is_pinned())
         result = given
     valid = torch.ones(n, dtype=torch.bool)
     valid[job.failures.rows()] = False
-    lengths = result.lengths() if returns.lengths else None
     if policy.on_error == "skip" and job.failures:
         keep = valid.nonzero().flatten()
         result = Output(result.spec, [b.index_select(0, keep.to(b.device)) for b in result.buffers])

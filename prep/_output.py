@@ -120,15 +120,10 @@ class Output:
         """Rows ``:stop`` of this output, a view: writing into it writes here."""
         return Output(self.spec, [b[:stop] for b in self.buffers], self.first_row, self.offset)
 
-    def like(self, *, pin: bool = False, shared: bool = False) -> Output:
-        """Empty CPU buffers shaped like these (a staging area)."""
-        bufs = []
-        for b in self.buffers:
-            buf = torch.empty(b.shape, dtype=b.dtype, pin_memory=pin)
-            if shared:
-                buf.share_memory_()
-            bufs.append(buf)
-        return Output(self.spec, bufs, self.first_row)
+    def like(self, rows: int | None = None, *, pin: bool = False, shared: bool = False) -> Output:
+        """Empty CPU buffers shaped like these, with ``rows`` rows (default: as many): a
+        staging area, or the batch's output made from a worker's chunk."""
+        return Output(self.spec, _empty_like(self.buffers, rows, pin, shared), self.first_row)
 
     @functools.cached_property
     def _layout(self) -> list[tuple[torch.Size, torch.dtype]]:
@@ -191,13 +186,6 @@ class Output:
 
     def finish(self) -> None:
         """Called once every row is written (a padded output trims itself here)."""
-
-    def empty_like(self, rows: int, pin: bool = False) -> Output:
-        """An output of ``rows`` rows for results like these (a worker's chunk's)."""
-        bufs = [
-            torch.empty((rows, *b.shape[1:]), dtype=b.dtype, pin_memory=pin) for b in self.buffers
-        ]
-        return Output(self.spec, bufs, self.first_row)
 
     def merge(self, chunk: Output) -> None:
         """The rows of a worker's ``chunk`` into rows ``chunk.offset:`` here."""
@@ -269,3 +257,12 @@ def _spec_text(spec: Spec) -> str:
     if spec.kind == "tuple":
         return f"a tuple of {spec.n} Tensors"
     return f"a dict with keys {list(spec.keys)}"
+
+
+def _empty_like(buffers: list[Tensor], rows: int | None, pin: bool, shared: bool) -> list[Tensor]:
+    made = []
+    for b in buffers:
+        shape = b.shape if rows is None else (rows, *b.shape[1:])
+        buf = torch.empty(shape, dtype=b.dtype, pin_memory=pin)
+        made.append(buf.share_memory_() if shared else buf)
+    return made

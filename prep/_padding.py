@@ -299,11 +299,15 @@ class PaddedOutput(Output):
                 buf[i - self.offset].fill_(pad if value is None else value)
                 sizes[i - self.offset] = 0
 
-    def empty_like(self, rows: int, pin: bool = False) -> PaddedOutput:
-        bufs = [
-            torch.empty((rows, *b.shape[1:]), dtype=b.dtype, pin_memory=pin) for b in self.buffers
-        ]
-        return PaddedOutput(self.spec, bufs, self.first_row, 0, list(zip(self.pads, self.fixed)))
+    def like(
+        self, rows: int | None = None, *, pin: bool = False, shared: bool = False
+    ) -> PaddedOutput:
+        """As :meth:`Output.like`, padded as this one is (a staging area for ``out=``
+        elsewhere keeps ``pad=``)."""
+        plain = super().like(rows, pin=pin, shared=shared)
+        return PaddedOutput(
+            self.spec, plain.buffers, self.first_row, 0, list(zip(self.pads, self.fixed))
+        )
 
     def merge(self, chunk: Output) -> None:
         """Rows of a worker's ``chunk`` (its own capacity, its padding filled) into

@@ -315,3 +315,14 @@ def test_return_errors_gives_each_failed_rows_error():
     assert sorted(errors) == [1, 3] and not valid[1] and not valid[3]
     assert isinstance(errors[1], prep.RowError) and isinstance(errors[1].__cause__, ValueError)
     assert str(errors[3].__cause__) == "bad sample 4"
+
+
+def test_out_elsewhere_keeps_pad_and_lengths():
+    """out= on another device than the batch is filled through a CPU staging output:
+    that staging must pad as out= would, and the lengths are the rows' own (the meta
+    device stands in for a GPU: copies into it are checked for shape, not data)."""
+    out = torch.empty(3, 6, dtype=torch.int64, device="meta")
+    got, lengths = prep.map_samples(
+        torch.arange, [2, 4, 1], executor="serial", pad=0, out=out, return_lengths=True
+    )
+    assert got is out and lengths.tolist() == [2, 4, 1]

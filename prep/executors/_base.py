@@ -189,7 +189,7 @@ class Job:
     def merge(self, chunk: Output) -> None:
         """A worker's chunk of rows into the output (made like it, if there is none)."""
         if self.output is None:
-            self.adopt(chunk.empty_like(len(self.rows), pin=self.pin))
+            self.adopt(chunk.like(len(self.rows), pin=self.pin))
         assert self.output is not None
         self.output.merge(chunk)
 
