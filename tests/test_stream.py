@@ -419,3 +419,13 @@ def test_ctrl_c_stops_the_stream():
     assert done.stdout.split("\n")[:3] == ["body OK", "function OK", "waiting OK"], (
         done.stdout + done.stderr
     )
+
+
+@pytest.mark.timeout(60)
+def test_pool_imap_samples_pads_each_list_of_samples():
+    batches = [[1, 3], [2], [4, 1, 2]]
+    with prep.Pool("threads", workers=2) as pool:
+        got = list(pool.imap_samples(torch.arange, batches, pad=-1))
+    for out, batch in zip(got, batches):
+        assert out.shape == (len(batch), max(batch))
+        assert [int((row >= 0).sum()) for row in out] == batch
