@@ -23,7 +23,7 @@ from .._output import Output
 from .._padding import allocate
 from .._policy import RAISE, Failures, Policy
 from .._rows import Rows
-from ..errors import BatchTimeout, ConfigError, RowError, SetupError
+from ..errors import BatchTimeout, ConfigError, RowError, SetupError, WorkerCrashed
 
 
 def available_cores() -> int:
@@ -197,6 +197,18 @@ class Job:
         """``rows`` more rows finished (written or failed): for a progress bar."""
         if self.progress is not None:
             self.progress(rows)
+
+    def killed(self, i: int, worker: str, how: str = "") -> None:
+        """Row ``i`` killed ``worker`` (e.g. "worker pid 12") while it ran alone: a failed
+        row, its cause a :class:`~prep.errors.WorkerCrashed` naming the worker."""
+        died = f"{worker} died" + (f" with {how}" if how else "")
+        err = RowError(
+            i,
+            f"row {i}: {died} running it alone: a segfault, abort or exit in the row "
+            f"function, or the OS killed it for memory",
+        )
+        err.__cause__ = WorkerCrashed(f"{died} on row {i}")
+        self.fail(i, err)
 
     def fail(self, i: int, error: RowError) -> None:
         """Row ``i`` failed under ``on_error='fill'``/``'skip'``: noted, and filled."""

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 import torch
 
 from .._output import flatten
-from ..errors import RowError, WorkerCrashed
+from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Job, first_error, iter_chunks
 from ._handles import Worker
@@ -159,14 +159,7 @@ class Dispatch:
         if held is None:
             return
         if held in self.alone:  # it died on this row alone: the row is the culprit
-            a = held[0]
-            err = RowError(
-                a,
-                f"row {a}: the worker running it alone died ({how}): a segfault, abort "
-                f"or exit in the row function, or the OS killed it for memory",
-            )
-            err.__cause__ = WorkerCrashed(f"worker pid {pid} died with {how} on row {a}")
-            self.job.fail(a, err)
+            self.job.killed(held[0], f"worker pid {pid}", how)
             return
         singles = [(i, i + 1) for i in range(*held)]
         self.alone.update(singles)

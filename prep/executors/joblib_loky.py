@@ -23,7 +23,7 @@ import loky
 from loky.process_executor import TerminatedWorkerError
 
 from .._output import Output
-from ..errors import RowError, WorkerCrashed
+from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
 
@@ -93,13 +93,7 @@ class JoblibExecutor(Executor):
                 row_errors, died = self._run_chunks(job, [(i, i + 1)])
                 errors += row_errors
                 if died:
-                    err = RowError(
-                        i,
-                        f"row {i}: the loky worker running it alone died: a segfault, "
-                        f"abort or exit in the row function, or the OS killed it for memory",
-                    )
-                    err.__cause__ = WorkerCrashed(f"a loky worker died on row {i}")
-                    job.fail(i, err)
+                    job.killed(i, "a loky worker")
         return errors
 
     def _started(self, job: Job) -> Any:
