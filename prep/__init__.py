@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import ops
 from ._rowwise import rowwise
 from ._system import info
+from ._version import __version__
 from .api import explain, map_rows, map_samples, shutdown
 from .collate import Collate
 from .errors import (
@@ -22,10 +23,9 @@ from .errors import (
     StackError,
     WorkerCrashed,
 )
+from .auto.wisdom import forget
 from .executors import REGISTRY as executors
 from .pool import Pool
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BatchTimeout",
@@ -40,6 +40,7 @@ __all__ = [
     "__version__",
     "executors",
     "explain",
+    "forget",
     "info",
     "map_rows",
     "map_samples",

@@ -20,6 +20,8 @@ from ._padding import given_padded
 from ._policy import Failures, Policy
 from ._progress import RowProgress
 from ._rows import Rows
+from ._rowwise import twin_of
+from ._trust import check_named
 from .errors import ConfigError, RowError
 from .executors import Executor, Job
 
@@ -89,6 +91,11 @@ def _run(
     result = given if n == 0 and given is not None else ex.run(job)
     if result is None:
         raise _no_shape(n, job.failures, policy)
+    twin = twin_of(fn) if ex.name == "vectorized" else None
+    check_named(  # serial is the reference: the first batch of each function, once
+        ex, fn, rows, result, other_interpreter=ex.needs_processes, twin=twin,
+        failed=job.failures.rows(), stacklevel=6,  # the caller of map_rows / Pool.map_rows
+    )  # fmt: skip
     result.finish()
     if job.failures:
         job.failures.warn(n, policy, stacklevel=7)  # the caller of map_rows / Pool.map_rows

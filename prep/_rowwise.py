@@ -23,6 +23,8 @@ class Twin:
 
     batched: Callable[..., Any]
     rename: Mapping[str, str] = field(default_factory=dict)
+    #: how far the twin's values may be from the row function's (0: bit for bit)
+    atol: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,21 @@ class BoundTwin:
 
 
 def rowwise(
-    *, batched: Callable[..., Any], rename: Mapping[str, str] | None = None
+    *,
+    batched: Callable[..., Any],
+    rename: Mapping[str, str] | None = None,
+    atol: float = 0.0,
 ) -> Callable[[F], F]:
     """Mark a row function as having a batched twin.
 
     ``executor="vectorized"`` then calls ``batched(*columns, **kwargs)`` once
     instead of the row function once per row. A ``functools.partial`` of the
     marked function keeps its twin, with the same bound arguments.
+
+    The twin must compute what the row function computes: ``auto`` uses it only
+    after its first rows equal the row function's bit for bit (or within
+    ``atol``, for a twin whose floating-point sums run in another order), and
+    ``executor="vectorized"`` warns once when they differ.
 
     >>> import torch, prep
     >>> def double_all(x):
@@ -58,7 +68,12 @@ def rowwise(
     """
     if not callable(batched):
         raise TypeError(f"rowwise(batched=...) needs a callable, got {batched!r}")
-    twin = Twin(batched, dict(rename or {}))
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not atol >= 0:
+        raise TypeError(
+            f"rowwise(atol={atol!r}) is not a number >= 0; pass the largest absolute "
+            f"difference you accept between the twin's values and the row function's"
+        )
+    twin = Twin(batched, dict(rename or {}), float(atol))
 
     def mark(fn: F) -> F:
         setattr(fn, _ATTR, twin)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ._version import __version__
 from .executors import available_cores, threads_per_worker
 from .executors._spawn import start_method
 from .executors.processes import shm_free
@@ -45,6 +46,4 @@ def info(workers: int | None = None) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from . import __version__
-
     return __version__

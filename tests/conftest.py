@@ -10,6 +10,9 @@ import pytest
 
 import prep
 
+# auto's wisdom file (prep.auto.wisdom) is the user's: tests that use it set their own
+os.environ["PREP_WISDOM"] = "off"
+
 
 def _table() -> dict[int, tuple[int, str, str]]:
     """pid -> (parent pid, state, command line) for every process we can read."""

@@ -135,8 +135,11 @@ def test_processes_are_left_out_inside_dataloader_workers(monkeypatch):
 
 
 def test_explain_reads_well():
-    text = str(prep.explain(waits_2ms, torch.arange(64.0).view(64, 1), workers=2))
-    assert text.startswith("auto: 64 rows, 2 workers; calibrated in ")
+    cal = prep.explain(waits_2ms, torch.arange(64.0).view(64, 1), workers=2)
+    text = str(cal)
+    first, second = text.splitlines()[:2]
+    assert first.startswith(f"{cal.choice}: ") and first.endswith(".")  # why, in a sentence
+    assert second.startswith("auto: 64 rows, 2 workers; calibrated in ")
     assert "serial" in text and "predicted for a whole batch" in text
     assert "choice: " in text.splitlines()[-1]
     assert "vmap" in text  # and why it was not considered
@@ -427,9 +430,22 @@ def test_a_close_runner_up_is_tried_once_and_kept_if_it_wins():
     assert cal.next_trial() is None  # the choice runs a whole batch first
     cal.observe("serial", 0.100, 100)
     assert cal.next_trial() == "threads"  # within TRIAL (1.5x); vmap is not
+    cal.observe("threads", 0.200, 100)  # its first batch, on a cold pool: not a figure
+    assert cal.choice == "serial" and "threads" not in cal.observed
+    assert cal.next_trial() == "threads"  # so it runs once more, warm
     cal.observe("threads", 0.070, 100)  # a whole batch says threads win after all
     assert cal.choice == "threads"
     assert cal.next_trial() is None  # every close candidate has been measured
+
+
+def test_a_trial_that_never_shows_a_figure_is_not_run_forever():
+    cal = _cal(serial=0.100, threads=0.140)
+    cal.observe("serial", 0.100, 100)
+    for _ in range(2):
+        assert cal.next_trial() == "threads"
+        cal.warming.add("threads")  # (as if each of its batches were a warm-up)
+        cal.observe("threads", 0.3, 100)
+    assert cal.next_trial() is None and cal.choice == "serial"
 
 
 def test_processes_are_not_a_candidate_until_started_and_loaded():
@@ -623,11 +639,13 @@ def test_every_batch_is_timed_and_a_close_runner_up_is_tried_on_a_whole_batch():
         first = cal.choice
         other = next(n for n in ("serial", "threads") if n != first and n in cal.predicted)
         cal.predicted[other] = cal.figure(first) * 1.2  # within TRIAL of the choice
-        for _ in range(3):  # the choice (timed), then the runner-up once, then the choice
+        # the choice (timed), then the runner-up twice (a warm-up, then timed), then
+        # whichever the figures say
+        for _ in range(4):
             assert torch.equal(pool.map_rows(waits_2ms, x), x * 2)
     assert other in cal.observed and first in cal.observed, str(cal)
     # (whether the runner-up then keeps the next batch depends on its time: not checked)
-    assert cal.batches == 4 and sum(map(len, cal.observed.values())) == 3, str(cal)
+    assert cal.batches == 5 and sum(map(len, cal.observed.values())) == 3, str(cal)
 
 
 # ------------------------------------------------------------ process-wide state

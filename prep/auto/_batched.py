@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._output import Output, flatten
+from .._rowwise import twin_of
+from .._trust import same
 from ..errors import ExecutorUnavailable
 from ..executors._base import Executor, Job
 from ..executors.vectorized import VmapExecutor
@@ -38,16 +40,29 @@ def twin_first(c: Calibrator) -> bool:
     # copies: a row function that changes its row in place must not change the
     # rows the twin then reads
     scratch = Job(job.fn, job.rows.take(0, min(c.n, 4)), None, deadline=job.clock)
-    c.serial(budget_rows=4, progress=Progress(scratch))
+    timed = Progress(scratch)
+    c.serial(budget_rows=4, progress=timed)
     t = c.now()
     try:
-        job.output = c.get("vectorized").run(job.strict())
+        out = c.get("vectorized").run(job.strict())
     except Exception as exc:
         if not job.policy.per_row_errors:
             raise  # the twin's own error, as executor="vectorized" would raise it
         c.cal.dropped["vectorized"] = f"it failed on this batch ({why(exc)})"
         return False  # rows run one by one, so a failing row fails alone
-    c.cal.vectorized_row = (c.now() - t) / c.n
+    took = c.now() - t
+    twin = twin_of(job.fn)
+    row = first_difference(out, scratch.output, timed.done, twin.twin.atol if twin else 0.0)
+    if row is not None:  # serial is the reference: the rows run one by one instead
+        c.cal.dropped["vectorized"] = (
+            f"its row {row} differs from the row function's"
+            + (f" by more than atol={twin.twin.atol}" if twin and twin.twin.atol else "")
+            + " (serial is the reference; fix the twin, or declare a tolerance with "
+            "@prep.rowwise(batched=..., atol=...))"
+        )
+        return False
+    job.output = out
+    c.cal.vectorized_row = took / c.n
     c.main.done = c.n
     return True
 
@@ -144,6 +159,20 @@ def _vmap(c: Calibrator) -> VmapExecutor:
     ex = c.get("vmap")
     assert isinstance(ex, VmapExecutor), f"the vmap executor is a {type(ex).__name__}"
     return ex
+
+
+def first_difference(out: Output | None, ref: Output | None, k: int, atol: float) -> int | None:
+    """The first of rows ``0:k`` where ``out`` differs from ``ref`` (serial's), in
+    structure, shape, dtype or value (within ``atol``); None where they agree."""
+    if out is None or ref is None:
+        return None if ref is None else 0
+    if out.spec != ref.spec:
+        return 0
+    for i in range(k):
+        for got, want in zip(out.buffers, ref.buffers):
+            if not same(got[i], want[i], atol):
+                return i
+    return None
 
 
 def same_rows(spec: Any, leaves: list[torch.Tensor], ref: Output, k: int) -> bool:

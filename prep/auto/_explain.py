@@ -27,6 +27,7 @@ def describe(cal: Calibration) -> str:
             else " (no pool yet: its start-up is measured once prep's forkserver is up)"
         )
     lines = [
+        why(cal),
         f"auto: {cal.rows} rows, {cal.workers} workers"
         + (f", {cal.options}" if cal.options else "")
         + f"; calibrated in {cal.seconds * 1e3:.1f} ms, computing {cal.sample} of the rows",
@@ -64,5 +65,35 @@ def describe(cal: Calibration) -> str:
             f"they start after about {math.ceil(cal.process_start / saving)} batches "
             f"({cal.saved_by_processes * 1e3:,.1f} ms saved so far)"
         )
+    if cal.remembered:
+        lines.append(
+            f"  remembered from an earlier run on this machine ({cal.remembered}); every "
+            f"batch is still timed, and the choice moves when the figures do"
+        )
     lines.append(f"  choice: {cal.choice}")
     return "\n".join(lines)
+
+
+def why(cal: Calibration) -> str:
+    """One sentence first: what auto runs and why, before the figures."""
+    ms = lambda s: f"{s * 1e3:,.1f} ms"  # noqa: E731
+    choice = cal.choice
+    others = sorted((n for n in cal.predicted if n != choice), key=cal.figure)
+    if cal.remembered and not cal.observed:
+        return f"{choice}: remembered from an earlier run here, not yet timed in this one."
+    if not cal.settled:
+        return (
+            f"{choice} for now: a batched form ran this first batch without winning "
+            f"outright, so the pools are measured on the next one."
+        )
+    light = cal.dropped.get("threads, processes", "")
+    if choice == "serial" and light.startswith("the batch takes"):
+        return f"serial: {light}, so no pool can win."
+    measured = "measured" if cal.observed.get(choice) else "predicted"
+    text = f"{choice}: {measured} {ms(cal.figure(choice))} a batch"
+    if others:
+        text += ", against " + ", ".join(f"{n} {ms(cal.figure(n))}" for n in others[:2])
+    pending = "processes" in cal.predicted and not cal.processes_ready and choice != "processes"
+    if pending and cal.figure("processes") < cal.figure(choice):
+        text += "; processes start once what they save has paid for their start-up"
+    return text + "."

@@ -23,6 +23,7 @@ a choice is :func:`signature`.
 from __future__ import annotations
 
 import math
+import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,7 +86,8 @@ class Calibration:
     batches: int = 0
     #: switches, trials, fallbacks and pool starts, in order, for ``explain``
     events: list[str] = field(default_factory=list)
-    tried: set[str] = field(default_factory=set)
+    #: trial batches run per executor (the first warms it up, the second is timed)
+    trials: dict[str, int] = field(default_factory=dict)
     #: pools just started, whose next batch is not counted (their workers warm up)
     warming: set[str] = field(default_factory=set)
     #: False: a batched form ran the first batch without winning outright; the next
@@ -95,6 +97,57 @@ class Calibration:
     processes_ready: bool = False
     #: the dispatch cost was measured on a running pool (else it is assumed)
     dispatch_measured: bool = False
+    #: when the choice was remembered from an earlier interpreter ("" if measured here)
+    remembered: str = ""
+    #: the remembered choice: a process pool it names is bought at once
+    remembered_choice: str = ""
+    #: the key of this signature in the wisdom file (None: not remembered)
+    wisdom_key: str | None = None
+    #: what was last written to the wisdom file, so that a write happens on a change
+    written: Any = None
+
+    # ------------------------------------------------------------ wisdom
+
+    @classmethod
+    def from_wisdom(cls, entry: dict[str, Any], workers: int, options: str) -> Calibration:
+        """A settled calibration from a remembered entry (see :mod:`.wisdom`)."""
+        saved = entry.get("saved")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved)) if saved else "?"
+        cal = cls(
+            rows=entry["rows"],
+            workers=workers,
+            options=options,
+            predicted={k: float(v) for k, v in entry["figures"].items()},
+            remembered=when,
+            remembered_choice=entry["choice"],
+        )
+        for name in ("serial_row", "process_start", "thread_speedup"):
+            if isinstance(entry.get(name), (int, float)):
+                setattr(cal, name, float(entry[name]))
+        cal.choice = entry["choice"] if entry["choice"] in cal.candidates() else cal.best()
+        return cal
+
+    def to_wisdom(self) -> dict[str, Any]:
+        """What a later interpreter needs to start where this one is."""
+        return {
+            "choice": self.choice,
+            "rows": self.rows,
+            "figures": {n: self.figure(n) for n in self.predicted},
+            "serial_row": self.serial_row if math.isfinite(self.serial_row) else None,
+            "process_start": self.process_start,
+            "thread_speedup": self.thread_speedup,
+        }
+
+    def wisdom_changed(self) -> bool:
+        """Whether the choice or what backs it moved since the last write (a new
+        choice, an executor measured for the first time, a pool started, or the
+        choice's own figure over 2 and 8 batches)."""
+        seen = self.observed.get(self.choice, [])
+        now = (self.choice, tuple(sorted(self.observed)), self.processes_ready, len(seen) in (2, 8))
+        if now == self.written or not self.settled:
+            return False
+        self.written = now
+        return True
 
     # ------------------------------------------------------------ figures
 
@@ -145,16 +198,23 @@ class Calibration:
             )
 
     def next_trial(self) -> str | None:
-        """An executor to run the next batch with, once, to measure it: never run yet,
-        and predicted within ``TRIAL`` of the choice's figure."""
+        """An executor to run the next two batches with, to measure it: never run yet,
+        and predicted within ``TRIAL`` of the choice's figure. Its first batch is not
+        counted: a cold pool's first batch took twice its warm time (torch.stft on
+        a fresh thread pool), and such a figure would rule it out for good."""
         if self.choice not in self.predicted or not self.observed.get(self.choice):
             return None  # the choice runs a whole batch first: trials are judged against it
         limit = TRIAL * self.figure(self.choice)
         for name in sorted(self.candidates(), key=self.figure):
-            if name == self.choice or name in self.tried or self.observed.get(name):
+            runs = self.trials.get(name, 0)
+            if name == self.choice or runs >= 2 or self.observed.get(name):
                 continue
             if self.figure(name) <= limit:
-                self.tried.add(name)
+                self.trials[name] = runs + 1
+                if runs == 0:
+                    # its first whole batch warms it up (a pool's threads, FFT plans,
+                    # a first vmap call) and is not its figure: the second one is
+                    self.warming.add(name)
                 return name
         return None
 
@@ -167,6 +227,11 @@ class Calibration:
         best = min(self._cost(n) for n in others)
         return max(0.0, best - self.predicted["processes"] * POOL_MARGIN) * rows / self.rows
 
+    def _buy_now(self) -> bool:
+        # a pool an earlier interpreter chose, with these figures on this machine,
+        # is bought at once: the rent-or-buy is for a pool of unknown worth
+        return self.remembered_choice == "processes" and "processes" in self.predicted
+
     def plan_server(self, cost: float, rows: int) -> bool:
         """Whether to start prep's forkserver (in the background) before this batch.
 
@@ -174,6 +239,8 @@ class Calibration:
         core, the other cores are idle and it costs nothing: it starts at once. While
         another executor keeps every core busy, it takes about ``cost`` seconds of
         their time, so it starts by the rent-or-buy rule of :meth:`plan_start`."""
+        if self._buy_now():
+            return True
         saving = self.processes_would_save(rows)
         if saving <= 0:
             return False
@@ -193,6 +260,8 @@ class Calibration:
         once that sum reaches what starting it costs (``start``, measured here). A
         program that stops then has paid at most twice the best in hindsight; one
         that goes on pays nothing more."""
+        if self._buy_now():
+            return True
         saving = self.processes_would_save(rows)
         if saving <= 0:
             return False

@@ -133,7 +133,9 @@ class Calibrator:
                 name = "vectorized" if twin else "vmap"
                 cal.dropped["threads, processes"] = f"measured on the next batch, with {name}"
             return self._finish(t0)
-        # no batched form, or the batch after one that did not win outright
+        # no batched form, or the batch after one that did not win outright; a twin
+        # that gave other rows than the row function is not used again
+        twin = twin and "vectorized" not in cal.dropped
         batched = "vectorized" if twin else ("vmap" if self._prior_row("vmap") else None)
         self.serial(budget_rows=max(4, min(32, self.n // 8)))
         if not tensors and "vectorized, vmap" not in cal.dropped:

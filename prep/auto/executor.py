@@ -28,10 +28,12 @@ from typing import Any
 from .._output import Output
 from .._rowwise import twin_of
 from .._state import setup_seconds
+from .._trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
 from ..executors import _spawn
 from ..executors._base import Executor, Job, in_worker_process
 from ..executors.processes import ProcessExecutor
+from . import wisdom
 from ._batched import run_tolerant
 from .calibration import Calibration, signature
 from .calibrator import Calibrator, now, on_cuda
@@ -75,12 +77,10 @@ class AutoExecutor(Executor):
         self._warned: set[str] = set()
 
     def _make(self, name: str) -> Executor:
-        from ..executors import REGISTRY
-
         with self._lock:
             ex = self._own.get(name)
             if ex is None:
-                ex = self._own[name] = REGISTRY[name](self.workers)
+                ex = self._own[name] = _registry()[name](self.workers)
             return ex
 
     def executor(self, name: str) -> Executor:
@@ -130,22 +130,60 @@ class AutoExecutor(Executor):
         cal = self._kept(key, n)
         if cal is not None and not allow and "processes" in cal.predicted:
             cal = None  # a choice made where processes were allowed: measure again here
+        if cal is None:
+            cal = self._recall(key, job, allow)
         if cal is None or not cal.settled:
             prior = cal
             calibrator = Calibrator(job, self._get, self.workers, allow, prior)
             cal = calibrator.run()
+            cal.wisdom_key = prior.wisdom_key if prior else self._wisdom_key(job)
             self._keep(key, job.fn, cal, prior)
             if calibrator.done >= n:
                 cal.batches += 1
+                self._remember(cal)
                 assert job.output is not None, "the calibrator ran every row"
                 return job.output
             rest = job.part(calibrator.done)
             self._plan_processes(cal, rest, allow)
             out = self._run(cal, cal.choice, rest, observe=False)
             job.output = out
+            self._remember(cal)
             return out
         self._plan_processes(cal, job, allow)
-        return self._run(cal, cal.next_trial() or cal.choice, job, observe=True)
+        out = self._run(cal, cal.next_trial() or cal.choice, job, observe=True)
+        self._remember(cal)
+        return out
+
+    # ------------------------------------------------------------ wisdom
+
+    def _wisdom_key(self, job: Job) -> str | None:
+        options = (job.pin, repr(job.policy))
+        return wisdom.key(job.fn, job.rows.layout(), len(job.rows), self.workers, options)
+
+    def _recall(self, key: Any, job: Job, allow: bool) -> Calibration | None:
+        """A calibration remembered by an earlier interpreter, kept as if measured."""
+        wkey = self._wisdom_key(job)
+        entry = wisdom.recall(wkey, lambda name: name in _registry() and name != self.name)
+        if entry is None:
+            return None
+        cal = Calibration.from_wisdom(entry, self.workers, job.policy.describe())
+        cal.wisdom_key = wkey
+        if not allow:
+            cal.drop("processes", "inside a DataLoader worker (no child processes)")
+        if not job.rows.batched or twin_of(job.fn) is None:
+            cal.drop("vectorized", "no batched twin here")
+        if not job.rows.batched:
+            cal.drop("vmap", "a list of samples has no batched form")
+        cal.written = None
+        self._keep(key, job.fn, cal, None)
+        return cal
+
+    def _remember(self, cal: Calibration) -> None:
+        with self._lock:
+            if cal.wisdom_key is None or not cal.wisdom_changed():
+                return
+            entry = cal.to_wisdom()
+        wisdom.remember(cal.wisdom_key, entry)
 
     def _run(self, cal: Calibration, name: str, job: Job, *, observe: bool) -> Output | None:
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
@@ -206,12 +244,50 @@ class AutoExecutor(Executor):
         cal.process_start = start + setup
         if not cal.plan_start(start + setup, rows):
             return
+        probe = Probe.take(job.fn, job.rows.window(job.start, len(job.rows)))
+        if probe is not None and (row := probe.writes_input()) is not None:
+            with self._lock:
+                cal.drop("processes", writes_input(job.start + row))
+            return
         try:
             took = ex.load(job.fn, job.remaining())
+            verdict = self._same_in_workers(cal, ex, job, probe)
         except ExecutorUnavailable as exc:
             with self._lock:
                 cal.drop("processes", f"its workers could not load the function: {exc}")
             return
         with self._lock:
+            if verdict:
+                cal.drop("processes", verdict)
+                cal.note(f"batch {cal.batches + 1}: processes dropped: {verdict.split('.')[0]}")
+                return
             cal.process_start = took
             cal.started_processes(took)
+
+    def _same_in_workers(
+        self, cal: Calibration, ex: Executor, job: Job, probe: Probe | None
+    ) -> str | None:
+        """Serial is the reference: the probe's rows run in the workers must equal
+        serial's here, unless the function is not deterministic here either (then
+        there is no single right answer to compare with). The reason to drop
+        processes, or None."""
+        if probe is None:
+            return None
+        if not probe.deterministic():
+            with self._lock:
+                cal.note(
+                    f"batch {cal.batches + 1}: the function gives other values each time "
+                    f"here (random augmentation, say), so its rows in the workers were "
+                    f"not compared with serial's"
+                )
+            return None
+        scratch = Job(job.fn, probe.rows, None, policy=job.policy, deadline=job.clock)
+        row = probe.disagreement(ex.run(scratch), failed=scratch.failures.rows())
+        return None if row is None else mismatch_reason("processes", job.start + row)
+
+
+def _registry() -> dict[str, type[Executor]]:
+    # the registry lists auto itself, so it is read when used, not at import
+    from ..executors import REGISTRY
+
+    return REGISTRY

@@ -1,0 +1,4 @@
+"""prep's version, in a module of its own so that any module can read it without
+importing the package's ``__init__`` (which imports everything)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,264 @@
+"""Wisdom: what ``auto`` measured, remembered across interpreters.
+
+A training script runs many times on one machine with the same function and
+shapes; without a memory, every run pays calibration and the rent-or-buy of a
+process pool again. ``auto`` writes its settled choice for a signature and each
+executor's figure (seconds a batch) to a small JSON file, and a later
+interpreter with the same key starts on that choice from its first call. It
+still times every batch and re-decides when the figures run off, so a stale
+entry costs a few batches, never a wrong result: the checks that rows computed
+elsewhere equal serial's (:mod:`prep._trust`) run in every interpreter.
+
+The key covers everything that changes the answer:
+
+* the function: module, qualified name, a digest of its code, and of the
+  arguments bound to it (``functools.partial``, closure cells, defaults). A
+  function bound to a value that cannot be digested stably (an open file, a
+  model object) is not remembered;
+* the batch's layout (per-row shapes, dtypes, device), its size to within 4x,
+  ``pad=``/``on_error=``, pinned output, and the number of workers;
+* the machine: CPU model, cores, the Python, torch and prep versions.
+
+The file is ``$XDG_CACHE_HOME/prep/wisdom.json`` (``~/.cache/prep/...``);
+``PREP_WISDOM=/some/file`` moves it and ``PREP_WISDOM=off`` turns wisdom off.
+:func:`forget` (``prep forget``) clears it. Several processes may write at once
+(DataLoader workers, ``prep run --jobs``, two scripts): each write takes an
+exclusive lock, merges its entry into what the file holds then, and replaces
+the file atomically, so no entry is lost and no reader sees half a file. A
+corrupt file or entry is ignored (and replaced by the next write).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._rowwise import unwrap_partial
+from .._version import __version__
+from ..executors._base import available_cores
+
+__all__ = ["ENV", "forget", "key", "location", "recall", "remember"]
+
+ENV = "PREP_WISDOM"
+#: the file's format; another version's file is ignored
+FORMAT = 1
+#: entries kept; past this the oldest are dropped
+ENTRIES = 2000
+_OFF = {"", "0", "off", "no", "false", "none"}
+#: how deep bound arguments are followed into functions and containers
+DEPTH = 4
+
+
+def location() -> Path | None:
+    """The wisdom file, or None where ``PREP_WISDOM`` turns wisdom off."""
+    value = os.environ.get(ENV)
+    if value is not None:
+        return None if value.strip().lower() in _OFF else Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "prep" / "wisdom.json"
+
+
+# ---------------------------------------------------------------- the key
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """What a remembered figure holds for: this CPU, its cores, these versions."""
+    return {
+        "cpu": _cpu_model(),
+        "cores": available_cores(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "prep": __version__,
+        "os": sys.platform,
+    }
+
+
+def _code(code: types.CodeType) -> str:
+    """A digest of what a code object does (not where it sits in its file)."""
+    h = hashlib.sha256(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_argcount, code.co_flags)).encode())
+    for const in code.co_consts:
+        h.update(_code(const).encode() if isinstance(const, types.CodeType) else _const(const))
+    return h.hexdigest()
+
+
+def _const(value: Any) -> bytes:
+    if isinstance(value, frozenset):  # its repr's order follows the salted str hash
+        return repr(sorted(map(repr, value))).encode()
+    return repr(value).encode()
+
+
+def _value(v: Any, depth: int) -> Any:
+    """A stable stand-in for a value bound to the function; None where there is none."""
+    if depth > DEPTH:
+        return None
+    if v is None or isinstance(v, (bool, int, str, bytes)):
+        return repr(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else str(v)
+    if isinstance(v, torch.Tensor):  # the figures depend on shapes, not values
+        return f"tensor{tuple(v.shape)}{v.dtype}{v.device.type}"
+    if isinstance(v, (torch.dtype, torch.device)):
+        return str(v)
+    if isinstance(v, (tuple, list)):
+        items = [_value(x, depth + 1) for x in v]
+        return None if None in items else [type(v).__name__, *items]
+    if isinstance(v, dict):
+        pairs = [(str(k), _value(x, depth + 1)) for k, x in v.items()]
+        return None if any(x is None for _, x in pairs) else ["dict", *sorted(pairs)]
+    if isinstance(v, types.ModuleType):
+        return f"module {v.__name__}"
+    if isinstance(v, type):
+        return f"type {v.__module__}.{v.__qualname__}"
+    if callable(v):
+        return identity(v, depth + 1)
+    return None
+
+
+def identity(fn: Callable[..., Any], depth: int = 0) -> Any:
+    """The function's identity across interpreters: name, code digest and bound
+    values; None where something bound to it has no stable stand-in."""
+    inner = getattr(fn, "fn", None)
+    store = getattr(fn, "store", None)
+    if inner is not None and store is not None:  # a function given state= by setup=
+        setup = getattr(store, "setup", None)
+        parts = [identity(inner, depth + 1), identity(setup, depth + 1) if setup else None]
+        return None if None in parts else ["with setup", *parts]
+    base, args, kwargs = unwrap_partial(fn)
+    bound = [_value(a, depth + 1) for a in args]
+    bound += [_value({k: v}, depth + 1) for k, v in sorted(kwargs.items())]
+    name = f"{getattr(base, '__module__', None)}.{getattr(base, '__qualname__', None)}"
+    code = getattr(base, "__code__", None)
+    if code is None:  # a builtin (torch.neg) is its name; a callable object is not known
+        return ["builtin", name, *bound] if isinstance(base, types.BuiltinFunctionType) else None
+    cells = [_value(c.cell_contents, depth + 1) for c in getattr(base, "__closure__", None) or ()]
+    defaults = _value(list(getattr(base, "__defaults__", None) or ()), depth + 1)
+    kwdefaults = _value(dict(getattr(base, "__kwdefaults__", None) or {}), depth + 1)
+    parts = [name, _code(code), *bound, *cells, defaults, kwdefaults]
+    return None if None in parts else parts
+
+
+def key(fn: Callable[..., Any], layout: Any, rows: int, workers: int, options: Any) -> str | None:
+    """The wisdom key of a signature, or None where the function cannot be keyed."""
+    who = identity(fn)
+    if who is None:
+        return None
+    size = round(math.log(max(rows, 1), 4))  # batch sizes within 4x share a choice
+    text = json.dumps([FORMAT, who, repr(layout), size, workers, repr(options), machine()])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- the file
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}  # none yet, or corrupt: ignored, and replaced by the next write
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return {}
+    entries = data.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write(path: Path, entries: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": FORMAT, "entries": entries}, f)
+        os.replace(tmp, path)  # readers see the old file or the new one, never half
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def valid(entry: Any, known: Callable[[str], bool]) -> bool:
+    """Whether an entry is whole: a known choice among finite, positive figures."""
+    if not isinstance(entry, dict):
+        return False
+    figures, choice = entry.get("figures"), entry.get("choice")
+    return (
+        isinstance(figures, dict)
+        and isinstance(choice, str)
+        and choice in figures
+        and isinstance(entry.get("rows"), int)
+        and all(
+            known(n) and isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+            for n, v in figures.items()
+        )
+    )
+
+
+def recall(wkey: str | None, known: Callable[[str], bool]) -> dict[str, Any] | None:
+    """The remembered entry of ``wkey``, if there is a whole one."""
+    path = location()
+    if wkey is None or path is None:
+        return None
+    entry = _read(path).get(wkey)
+    return entry if valid(entry, known) else None
+
+
+def remember(wkey: str | None, entry: dict[str, Any]) -> bool:
+    """Merge ``entry`` into the file under ``wkey``; False where wisdom is off or the
+    file cannot be written (a read-only home: auto works on without it)."""
+    path = location()
+    if wkey is None or path is None:
+        return False
+    try:
+        with _locked(path):
+            entries = _read(path)
+            entries.pop(wkey, None)  # re-inserted last: the newest
+            entries[wkey] = {**entry, "saved": time.time()}
+            while len(entries) > ENTRIES:
+                del entries[next(iter(entries))]
+            _write(path, entries)
+    except OSError:
+        return False
+    return True
+
+
+def forget() -> int:
+    """Clear the wisdom file; the number of remembered choices it held."""
+    path = location()
+    if path is None or not path.exists():
+        return 0
+    with _locked(path):
+        held = len(_read(path))
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return held
