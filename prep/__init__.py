@@ -13,6 +13,7 @@ from ._rowwise import rowwise
 from ._system import info
 from ._version import __version__
 from .api import explain, map_rows, map_samples, shutdown
+from .auto.wisdom import forget
 from .collate import Collate
 from .errors import (
     BatchTimeout,
@@ -23,7 +24,6 @@ from .errors import (
     StackError,
     WorkerCrashed,
 )
-from .auto.wisdom import forget
 from .executors import REGISTRY as executors
 from .pool import Pool
 
