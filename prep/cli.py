@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -349,6 +350,25 @@ def _info(ns: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ prep forget
+
+
+def _configure_forget(p: argparse.ArgumentParser) -> None:
+    p.set_defaults()  # no options: the file is PREP_WISDOM's, or the cache folder's
+
+
+def _forget(ns: argparse.Namespace) -> int:
+    from .auto import wisdom
+
+    where = wisdom.location()
+    if where is None:
+        print(f"wisdom is off ({wisdom.ENV}={os.environ.get(wisdom.ENV)!r}): nothing to forget")
+        return 0
+    held = wisdom.forget()
+    print(f"forgot {held} remembered choice{'s' * (held != 1)} of auto ({where})")
+    return 0
+
+
 # ------------------------------------------------------------------ dispatch
 
 #: command name -> Command; adding a command is adding an entry
@@ -359,6 +379,9 @@ COMMANDS: dict[str, Command] = {
         "what this machine offers prep (cores, threads, shm, CUDA)", _configure_info, _info
     ),
     "bench": Command(bench_command.HELP, bench_command.configure, bench_command.command),
+    "forget": Command(
+        "clear what auto remembered across runs (its wisdom file)", _configure_forget, _forget
+    ),
 }
 
 
