@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,12 +24,21 @@ def check_timeout(timeout: Any) -> float | None:
             f"timeout={timeout!r} is a {type(timeout).__name__}, not a number of seconds; "
             f"pass e.g. timeout=30 (an int or float > 0), or None for no limit"
         )
-    if math.isnan(timeout) or timeout <= 0:
+    if (isinstance(timeout, float) and math.isnan(timeout)) or timeout <= 0:
         raise ValueError(
-            f"timeout={timeout!r} is not a positive number of seconds; pass e.g. "
+            f"timeout={_short(timeout)} is not a positive number of seconds; pass e.g. "
             f"timeout=30, or None for no limit"
         )
-    return None if math.isinf(timeout) else timeout
+    # past TIMEOUT_MAX (about 292 years) threading's waits refuse the number, and an int
+    # past any float cannot even be converted: both are no limit at all
+    if timeout >= threading.TIMEOUT_MAX:
+        return None
+    return timeout
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"
 
 
 def check_device(device: Any) -> torch.device | None:
@@ -60,3 +72,66 @@ def check_device(device: Any) -> torch.device | None:
                 f"(cuda:0 to cuda:{count - 1}); pass one of those"
             )
     return dev
+
+
+# ---------------------------------------------------------------- the row function
+
+
+def check_fn(fn: Any, data: Any, call: str, data_name: str) -> None:
+    """``fn`` must be callable; a ``fn`` that is not, given a callable as ``data_name``,
+    is two arguments swapped (``map_rows(batch, fn)``), and the message says so."""
+    if callable(fn):
+        return
+    if callable(data):
+        raise TypeError(
+            f"{call}() got a {type(fn).__name__} first and a function second: the arguments "
+            f"are swapped; call {call}(fn, {data_name}), the row function first"
+        )
+    raise TypeError(
+        f"fn={_short(fn)} is a {type(fn).__name__}, not a function; {call} takes the row "
+        f"function first: {call}(fn, {data_name})"
+    )
+
+
+def signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``fn``'s signature, or None where Python cannot tell (some builtins, C functions)."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def call_problem(
+    fn: Callable[..., Any], positional: int = 0, names: Sequence[str] = (), **given: Any
+) -> str | None:
+    """Why ``fn`` cannot be called with ``positional`` arguments, keywords ``names`` and
+    ``given`` (torch's words, e.g. "missing a required argument: 'max_len'"), or None
+    if it can (or its signature is unknown). Only names are bound: nothing runs."""
+    sig = signature(fn)
+    if sig is None:
+        return None
+    try:
+        sig.bind(*[None] * positional, **dict.fromkeys(names), **given)
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
+def takes_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (True where its signature is unknown)."""
+    sig = signature(fn)
+    if sig is None:
+        return True
+    return any(
+        p.kind is p.VAR_KEYWORD
+        or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        for p in sig.parameters.values()
+    )
+
+
+def describe_callable(fn: Any) -> str:
+    """A function's name for messages: ``module.qualname``, or its repr."""
+    name = getattr(fn, "__qualname__", None)
+    if name is None:
+        return repr(fn)
+    return f"{getattr(fn, '__module__', None) or '?'}.{name}"

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import StackError
+from .errors import ConfigError, StackError
 
 Result = Tensor | tuple[Tensor, ...] | dict[str, Tensor]
 
@@ -53,6 +53,23 @@ def flatten(result: Any, what: str = "the row function") -> tuple[Spec, list[Ten
     )
 
 
+def detached(result: Any) -> Any:
+    """``result`` with every tensor detached: what may cross to another process (torch
+    refuses to pickle a non-leaf tensor that requires grad), and all a preprocessing
+    output keeps anyway."""
+    spec, leaves = flatten(result)
+    return spec.unflatten([t.detach() if t.requires_grad else t for t in leaves])
+
+
+def fits(value: bool | int | float, dtype: torch.dtype) -> bool:
+    """Whether ``value`` can be stored in ``dtype`` (nan in an int, 1e40 in float32 cannot)."""
+    try:
+        torch.empty((), dtype=dtype).fill_(value)
+    except (RuntimeError, OverflowError):
+        return False
+    return True
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         inner = ", ".join(type(v).__name__ for v in value[:4])
@@ -83,9 +100,15 @@ class Output:
         shared: bool = False,
         offset: int = 0,
     ) -> Output:
-        spec, leaves = flatten(result)
+        spec, leaves = flatten(result, what=f"the row function, on row {row},")
         buffers = []
         for leaf in leaves:
+            if leaf.device.type == "meta":
+                raise ConfigError(
+                    f"the row function returned a tensor on the meta device on row {row} (it "
+                    f"has a shape but no data, so there is nothing to store); return tensors "
+                    f"on a real device"
+                )
             on_cpu = leaf.device.type == "cpu"
             buf = torch.empty(
                 (rows, *leaf.shape),
@@ -181,7 +204,9 @@ class Output:
         """Row ``i`` failed (``on_error='fill'``): every leaf filled with ``value`` (0 if
         None)."""
         with torch.no_grad():
-            for buf in self.buffers:
+            for k, buf in enumerate(self.buffers):
+                if value is not None:
+                    check_fits(value, buf.dtype, "fill", self.where(k))
                 buf[i - self.offset].fill_(0 if value is None else value)
 
     def finish(self) -> None:
@@ -251,6 +276,18 @@ class Output:
         return self.spec.unflatten(self.buffers)
 
 
+def check_fits(value: bool | int | float, dtype: torch.dtype, name: str, where: str) -> None:
+    """A ValueError naming ``name=`` (``pad`` or ``fill``) if ``value`` cannot be stored in
+    an output of ``dtype``."""
+    if not fits(value, dtype):
+        short = str(dtype).removeprefix("torch.")
+        raise ValueError(
+            f"{name}={value!r} does not fit the output's dtype {short}{where}: {short} cannot "
+            f"hold it; pass a {name}= that it can (e.g. {name}=0 or {name}=-1), or have the "
+            f"row function return a dtype that holds {value!r}"
+        )
+
+
 def _spec_text(spec: Spec) -> str:
     if spec.kind == "tensor":
         return "a Tensor"
@@ -266,3 +303,80 @@ def _empty_like(buffers: list[Tensor], rows: int | None, pin: bool, shared: bool
         buf = torch.empty(shape, dtype=b.dtype, pin_memory=pin)
         made.append(buf.share_memory_() if shared else buf)
     return made
+
+
+class ResultCheck:
+    """Under ``on_error='fill'``/``'skip'``: a row result that could not go into the
+    batch's output fails its row, as an exception in the row function would, so it
+    is filled or left out, with its row's index, on every executor.
+
+    Bad: anything but a Tensor, a tuple or a dict of Tensors (None, a list of
+    numbers), or another structure, dtype or number of dims than the first good
+    row's (or ``out=``'s); without ``pad=`` another shape too. It is called where the
+    row ran; a worker process gets a copy, with the reference as it was when its
+    rows were sent (an executor seeds it from the first row, run alone, where it
+    can), and :meth:`admit` checks a worker's chunk of rows as a whole.
+    """
+
+    def __init__(self, padded: bool, out: Any = None) -> None:
+        self.padded = padded
+        self.first: tuple[Any, ...] | None = None
+        self.origin = "the first good row returned"
+        if out is not None:
+            try:
+                self.first = self._of(Output.given(out, len(flatten(out, "out=")[1][0])))
+                self.origin = "out= holds"
+            except (TypeError, ValueError, IndexError):
+                pass  # the batch's own check of out= says what is wrong with it
+
+    def _leaf(self, dtype: torch.dtype, shape: Sequence[int]) -> tuple[Any, ...]:
+        return (dtype, len(shape)) if self.padded else (dtype, tuple(shape))
+
+    def _of(self, out: Output) -> tuple[Any, ...]:
+        return (out.spec, tuple(self._leaf(b.dtype, b.shape[1:]) for b in out.buffers))
+
+    def __call__(self, result: Any) -> None:
+        spec, leaves = flatten(result)  # a TypeError that says what it must return
+        layout = (spec, tuple(self._leaf(t.dtype, t.shape) for t in leaves))
+        if self.first is None:
+            self.first = layout  # threads may race here: each with a good row's layout
+        elif layout != self.first:
+            raise StackError(self._differs(layout, "the row function returned"))
+
+    def seed(self, out: Output) -> None:
+        """The rows to come are checked against ``out`` (the batch's output, shaped by
+        its first good row)."""
+        if self.first is None:
+            self.first = self._of(out)
+            self.origin = f"row {out.first_row} returned"
+
+    def admit(self, chunk: Output) -> str | None:
+        """Why a worker's chunk of rows cannot join the output (its rows then fail), or
+        None; the first chunk admitted is the reference where none was seeded."""
+        layout = self._of(chunk)
+        if self.first is None:
+            self.first, self.origin = layout, f"row {chunk.first_row} returned"
+            return None
+        if layout == self.first:
+            return None
+        return self._differs(layout, f"row {chunk.first_row} returned")
+
+    def _differs(self, layout: tuple[Any, ...], what: str) -> str:
+        first = self.first if self.first is not None else layout
+        return (
+            f"{what} {_layout_text(layout)}, but {self.origin} {_layout_text(first)}; "
+            f"every row must return the same structure and dtypes"
+            + ("" if self.padded else " and shapes (pass pad= for ragged rows)")
+        )
+
+
+def _layout_text(layout: tuple[Any, ...]) -> str:
+    spec, leaves = layout
+    parts = [
+        f"{f'shape {s}' if isinstance(s, tuple) else f'{s}-d'} {str(d).removeprefix('torch.')}"
+        for d, s in leaves
+    ]
+    if spec.kind == "tensor":
+        return f"a Tensor of {parts[0]}"
+    names = spec.keys or range(spec.n)
+    return f"a {spec.kind} of {{{', '.join(f'{k!r}: {p}' for k, p in zip(names, parts))}}}"

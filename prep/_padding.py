@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._output import Output, Result, Spec, flatten
+from ._output import Output, Result, Spec, check_fits, flatten
 from .errors import StackError
 
 #: exact growths of a leaf before it grows by GROWTH at a time (a batch in random order
@@ -184,6 +184,8 @@ class PaddedOutput(Output):
     ) -> None:
         super().__init__(spec, buffers, first_row, offset)
         self.pads = [value for value, _ in leaves]
+        for k, (buf, pad) in enumerate(zip(buffers, self.pads)):
+            check_fits(pad, buf.dtype, "pad", self.where(k))
         self.fixed = [to for _, to in leaves]
         shared = any(b.is_shared() for b in buffers)
         self.sizes = [_zeros((len(b), b.dim() - 1), shared) for b in buffers]  # int64 [rows, dims]
@@ -274,11 +276,7 @@ class PaddedOutput(Output):
         size = tuple(leaf.shape)
         if any(s > c for s, c in zip(size, cap)):
             if self.fixed[k] is not None:
-                raise StackError(
-                    f"row {i} returned shape {size}{self.where(k)}, larger than the fixed "
-                    f"{self.fixed[k]} (pad_to= or out=); make it larger, or crop in the row "
-                    f"function (prep never truncates a row)"
-                )
+                raise self._too_large(i, k, size)
             buf = self._grow(k, size)
         row = buf[j]
         corner(row, size).copy_(leaf)
@@ -293,6 +291,9 @@ class PaddedOutput(Output):
     def fail(self, i: int, value: Number | None) -> None:
         """Row ``i`` failed: every leaf filled with ``value`` (None: its pad value), and
         its sizes 0."""
+        if value is not None:
+            for k, buf in enumerate(self.buffers):
+                check_fits(value, buf.dtype, "fill", self.where(k))
         with torch.no_grad(), self.lock:
             self.failed[i - self.offset] = value  # filled again once the size is final
             for buf, sizes, pad in zip(self.buffers, self.sizes, self.pads):
@@ -320,15 +321,34 @@ class PaddedOutput(Output):
                 cap = tuple(part.shape[1:])
                 if any(c > h for c, h in zip(cap, self.buffers[k].shape[1:])):
                     longest = tuple(sizes.amax(0).tolist()) if n else cap
-                    if self.fixed[k] is not None and longest != cap:
-                        part = part[(slice(None), *box(longest))]
-                        cap = longest
-                    self.buffers[k] = grown(self.buffers[k], cap, self.pads[k], self.growths[k])
-                    self.growths[k] += 1
+                    if self.fixed[k] is not None:
+                        # a fixed size (pad_to=, out=) never grows: out= would be left unfilled
+                        self._check_fixed(k, chunk.offset, sizes)
+                        part, cap = part[(slice(None), *box(longest))], longest
+                    else:
+                        self.buffers[k] = grown(self.buffers[k], cap, self.pads[k], self.growths[k])
+                        self.growths[k] += 1
                 rows = self.buffers[k][lo : lo + n]
                 rows[(slice(None), *box(cap))].copy_(part)
                 fill_outside(rows, cap, self.pads[k])
                 self.sizes[k][lo : lo + n] = sizes
+
+    def _check_fixed(self, k: int, offset: int, sizes: Tensor) -> None:
+        """The StackError a row of a worker's chunk larger than leaf ``k``'s fixed size
+        gets, as :meth:`_put` raises it for a row written here."""
+        limit = torch.tensor(self.buffers[k].shape[1:], dtype=sizes.dtype)
+        over = (sizes > limit).any(1).nonzero().flatten()
+        if len(over):
+            j = int(over[0])
+            raise self._too_large(offset + j, k, tuple(sizes[j].tolist()))
+
+    def _too_large(self, i: int, k: int, size: tuple[int, ...]) -> StackError:
+        fixed = self.fixed[k]
+        return StackError(
+            f"row {i} returned shape {size}{self.where(k)}, larger than the fixed "
+            f"{fixed} (pad_to= or out=); make it larger, or crop in the row "
+            f"function (prep never truncates a row)"
+        )
 
     def finish(self) -> None:
         """Trim each leaf to its longest row (after a growth past it), or to pad_to; a

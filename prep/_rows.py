@@ -21,6 +21,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from ._output import ResultCheck
+from .errors import ConfigError
+
 # ---------------------------------------------------------------- inputs
 
 
@@ -36,6 +39,11 @@ class Rows(ABC):
 
     @abstractmethod
     def call(self, fn: Callable[..., Any], i: int) -> Any: ...
+
+    @abstractmethod
+    def checking(self, check: ResultCheck | None) -> Rows:
+        """These rows, each row's result checked by ``check`` as it returns (a bad
+        result then raises inside the row's call, where its row is known)."""
 
     def call_batched(self, fn: Callable[..., Any]) -> Any:
         """``fn`` on every row at once (the columns themselves), where :attr:`batched`."""
@@ -92,6 +100,7 @@ class TensorRows(Rows):
     columns: tuple[Tensor, ...]
     names: tuple[str, ...] | None = None
     offset: int = 0  # the batch index of this object's first row
+    check: ResultCheck | None = None  # under on_error='fill'/'skip': a bad result fails its row
     batched: ClassVar[bool] = True
 
     def __len__(self) -> int:
@@ -101,9 +110,14 @@ class TensorRows(Rows):
         j = i - self.offset
         views = self._views.get(j // VIEWS) or self._unbind(j // VIEWS)
         row = [v[j % VIEWS] for v in views]
-        if self.names is not None:
-            return fn(**dict(zip(self.names, row)))
-        return fn(*row)
+        result = fn(**dict(zip(self.names, row))) if self.names is not None else fn(*row)
+        if self.check is not None:
+            self.check(result)
+        return result
+
+    def checking(self, check: ResultCheck | None) -> TensorRows:
+        """These rows, each row's result checked by ``check`` as it returns."""
+        return TensorRows(self.columns, self.names, self.offset, check)
 
     @functools.cached_property
     def _views(self) -> dict[int, list[tuple[Tensor, ...]]]:
@@ -118,7 +132,7 @@ class TensorRows(Rows):
         return views
 
     def __reduce__(self) -> tuple[Any, ...]:  # never pickle the cached row views
-        return (TensorRows, (self.columns, self.names, self.offset))
+        return (TensorRows, (self.columns, self.names, self.offset, self.check))
 
     def call_batched(self, fn: Callable[..., Any]) -> Any:
         if self.names is not None:
@@ -127,27 +141,30 @@ class TensorRows(Rows):
 
     def head(self, stop: int) -> TensorRows:
         """The first ``stop`` rows."""
-        return TensorRows(tuple(c[:stop] for c in self.columns), self.names, self.offset)
+        return TensorRows(
+            tuple(c[:stop] for c in self.columns), self.names, self.offset, self.check
+        )
 
     def window(self, start: int, stop: int) -> TensorRows:
         a, b = start - self.offset, stop - self.offset
-        return TensorRows(tuple(c[a:b] for c in self.columns), self.names, start)
+        return TensorRows(tuple(c[a:b] for c in self.columns), self.names, start, self.check)
 
     def replace(self, columns: Sequence[Tensor]) -> TensorRows:
-        return TensorRows(tuple(columns), self.names)
+        return TensorRows(tuple(columns), self.names, check=self.check)
 
     def chunk(self, start: int, stop: int) -> None:
         return None  # the columns already live in shared memory
 
     def shell(self) -> TensorRows:
-        return TensorRows((), self.names)  # the worker puts its shared columns back in
+        return TensorRows((), self.names, check=self.check)  # the worker adds its columns
 
     def with_chunk(self, payload: Any) -> TensorRows:
         return self
 
     def take(self, start: int, stop: int) -> TensorRows:
         """Rows ``start:stop`` as tensors that own their memory (cheap to pickle)."""
-        return TensorRows(tuple(c[start:stop].clone() for c in self.columns), self.names, start)
+        columns = tuple(c[start:stop].clone() for c in self.columns)
+        return TensorRows(columns, self.names, start, self.check)
 
     @property
     def nbytes(self) -> int:
@@ -171,6 +188,7 @@ class SampleRows(Rows):
 
     samples: Sequence[Any]
     offset: int = 0
+    check: ResultCheck | None = None  # under on_error='fill'/'skip': a bad result fails its row
 
     @property
     def nbytes(self) -> int:
@@ -180,29 +198,37 @@ class SampleRows(Rows):
         return len(self.samples)
 
     def call(self, fn: Callable[..., Any], i: int) -> Any:
-        return fn(self.samples[i - self.offset])
+        result = fn(self.samples[i - self.offset])
+        if self.check is not None:
+            self.check(result)
+        return result
+
+    def checking(self, check: ResultCheck | None) -> SampleRows:
+        """These rows, each row's result checked by ``check`` as it returns."""
+        return SampleRows(self.samples, self.offset, check)
 
     def chunk(self, start: int, stop: int) -> SampleRows:
         return self.take(start, stop)
 
     def shell(self) -> SampleRows:
-        return SampleRows(())
+        return SampleRows((), check=self.check)
 
     def with_chunk(self, payload: Any) -> SampleRows:
         return payload
 
     def head(self, stop: int) -> SampleRows:
         """The first ``stop`` rows."""
-        return SampleRows(self.samples[:stop], self.offset)
+        return SampleRows(self.samples[:stop], self.offset, self.check)
 
     def layout(self) -> Any:
         return ("samples", type(self.samples[0]).__qualname__ if self.samples else None)
 
     def window(self, start: int, stop: int) -> SampleRows:
-        return SampleRows(self.samples[start - self.offset : stop - self.offset], start)
+        window = self.samples[start - self.offset : stop - self.offset]
+        return SampleRows(window, start, self.check)
 
     def take(self, start: int, stop: int) -> SampleRows:
-        return SampleRows(self.samples[start:stop], start)
+        return SampleRows(self.samples[start:stop], start, self.check)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # samples cross to workers as bytes from a pickler that copies each tensor's
@@ -210,22 +236,23 @@ class SampleRows(Rows):
         # multiprocessing pickler a shared-memory segment each), 10x more for small ones
         buffer = io.BytesIO()
         _RawTensorPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(list(self.samples))
-        return (_load_samples, (buffer.getvalue(), self.offset))
+        return (_load_samples, (buffer.getvalue(), self.offset, self.check))
 
 
 class _RawTensorPickler(pickle.Pickler):
     """Pickles plain CPU tensors as their raw bytes (only their own elements, not the
-    storage a view may share with a whole data set)."""
+    storage a view may share with a whole data set). A tensor that requires grad
+    travels detached: workers get data, never autograd history (torch refuses to
+    pickle a non-leaf one at all)."""
 
     def reducer_override(self, obj: Any) -> Any:
         if (
             type(obj) is Tensor
             and obj.device.type == "cpu"
             and obj.layout == torch.strided
-            and not obj.requires_grad
             and not obj.is_quantized
         ):
-            t = obj.resolve_conj().resolve_neg().contiguous()
+            t = obj.detach().resolve_conj().resolve_neg().contiguous()
             data = ctypes.string_at(t.data_ptr(), t.nbytes)
             return (_raw_tensor, (data, t.dtype, tuple(t.shape)))
         return NotImplemented
@@ -237,12 +264,16 @@ def _raw_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> Tens
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def _load_samples(blob: bytes, offset: int) -> SampleRows:
-    return SampleRows(pickle.loads(blob), offset)
+def _load_samples(blob: bytes, offset: int, check: ResultCheck | None = None) -> SampleRows:
+    return SampleRows(pickle.loads(blob), offset, check)
 
 
 def rows_of(batch: Any) -> TensorRows:
-    """Split a Tensor, a tuple/list of Tensors or a dict of Tensors into rows."""
+    """Split a Tensor, a tuple/list of Tensors or a dict of Tensors into rows.
+
+    A column that requires grad is taken detached: rows are data for preprocessing,
+    and the workers of every executor get the same plain tensors serial computes on.
+    """
     if isinstance(batch, Tensor):
         cols: tuple[Any, ...] = (batch,)
         names = None
@@ -252,6 +283,12 @@ def rows_of(batch: Any) -> TensorRows:
     elif isinstance(batch, (tuple, list)):
         names = None
         cols = tuple(batch)
+    elif callable(batch):
+        raise TypeError(
+            f"batch is a function ({getattr(batch, '__qualname__', type(batch).__name__)}), "
+            f"not tensors: the arguments look swapped; call map_rows(fn, batch), the row "
+            f"function first"
+        )
     else:
         raise TypeError(
             f"batch must be a Tensor, a tuple/list of Tensors or a dict of Tensors, "
@@ -270,6 +307,7 @@ def rows_of(batch: Any) -> TensorRows:
                 f"batch column {key!r} is a 0-d tensor; rows run along dim 0, "
                 f"so every column needs at least one dimension"
             )
+        check_not_meta(col, f"batch column {key!r}")
     sizes = {c.shape[0] for c in cols}
     if len(sizes) > 1:
         listed = ", ".join(f"{k}: {c.shape[0]}" for k, c in zip(names or range(len(cols)), cols))
@@ -277,4 +315,52 @@ def rows_of(batch: Any) -> TensorRows:
             f"batch columns have different numbers of rows ({listed}); "
             f"every column needs the same size along dim 0"
         )
-    return TensorRows(cols, names)
+    return TensorRows(tuple(c.detach() if c.requires_grad else c for c in cols), names)
+
+
+def samples_of(samples: Any) -> SampleRows:
+    """``map_samples``' samples as rows: any iterable of samples (a list, a dataset slice,
+    a generator, a tensor's rows), checked before the first row runs."""
+    if callable(samples) and not isinstance(samples, (Tensor, Sequence)):
+        raise TypeError(
+            f"samples is a function ({getattr(samples, '__qualname__', type(samples).__name__)}),"
+            f" not samples: the arguments look swapped; call map_samples(fn, samples), the "
+            f"row function first"
+        )
+    if isinstance(samples, Tensor) and samples.dim() == 0:
+        raise TypeError(
+            f"samples is a 0-d tensor ({samples.item()!r}), one value with no rows; pass a "
+            f"list of samples, or a tensor whose rows are the samples"
+        )
+    try:
+        listed = list(samples)
+    except TypeError:
+        raise TypeError(
+            f"samples={samples!r:.60} is not a sequence of samples but one "
+            f"{type(samples).__name__}; pass a list (or any iterable) with one entry per "
+            f"sample, e.g. map_samples(fn, [s0, s1, s2])"
+        ) from None
+    for i, sample in enumerate(listed):
+        for t in _top_tensors(sample):
+            check_not_meta(t, f"sample {i}")
+    return SampleRows(listed)
+
+
+def _top_tensors(sample: Any) -> list[Tensor]:
+    """The tensors a sample is, or holds at its top level (a tuple or dict of them)."""
+    if isinstance(sample, Tensor):
+        return [sample]
+    values = sample.values() if isinstance(sample, Mapping) else sample
+    if isinstance(sample, (Mapping, tuple, list)):
+        return [v for v in values if isinstance(v, Tensor)]
+    return []
+
+
+def check_not_meta(t: Tensor, what: str) -> None:
+    """A ConfigError for a tensor on the meta device: it has a shape but no data."""
+    if t.device.type == "meta":
+        raise ConfigError(
+            f"{what} is on the meta device (shape {tuple(t.shape)}, {t.dtype}): it has no "
+            f"data, so no row function can read it; make it on a real device (e.g. "
+            f"torch.zeros(..., device='cpu')) or materialize it with .to_empty(device='cpu')"
+        )

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from multiprocessing import util
 from typing import Any
 
-from .errors import SetupError
+from ._checks import describe_callable, takes_keyword
+from .errors import ConfigError, SetupError
 
 #: this process's stores, by pool: a worker unpickles the same store every batch
 _STORES: dict[str, WorkerState] = {}
@@ -100,6 +101,12 @@ class WithState:
     ``setup=`` runs (picklable when ``fn`` and ``setup`` are)."""
 
     def __init__(self, fn: Callable[..., Any], store: WorkerState) -> None:
+        if not takes_keyword(fn, "state"):
+            raise ConfigError(
+                f"setup={_name(store.setup)} gives the row function its state as the keyword "
+                f"state=, but {describe_callable(fn)} has no state parameter; add one (e.g. "
+                f"def fn(row, *, state): ...), or drop setup="
+            )
         self.fn = fn
         self.store = store
 

@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from ._batch import Returns, run
-from ._checks import check_device, check_timeout
+from ._checks import check_device, check_fn, check_timeout
+from ._output import ResultCheck
 from ._policy import Policy
-from ._rows import Rows, SampleRows, rows_of
+from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
 from .auto import AutoExecutor, Calibration, Calibrator
 from .executors import REGISTRY, Executor, Job, executor_class, in_worker_process, resolve_workers
@@ -151,6 +152,8 @@ def _call(
 ) -> Any:
     policy = Policy.of(pad, pad_to, on_error, fill)
     returns = Returns(return_lengths, return_valid, return_errors)
+    if policy.per_row_errors:  # a bad result (None, another dtype) then fails its row only
+        rows = rows.checking(ResultCheck(policy.padding is not None, out))
     return run(
         ex, fn, rows, out=out, device=device, timeout=timeout, policy=policy, returns=returns,
         progress=progress,
@@ -189,10 +192,9 @@ def map_rows(
     ``out=`` is filled and returned instead of allocating; ``device=`` is where
     the result lands (from pinned memory, ``non_blocking``, for CUDA). Pools for
     ``threads``/``processes``/``joblib`` stay warm between calls; see
-    :func:`shutdown`. Results of the per-row executors carry no autograd
-    history (this is preprocessing); ``vectorized`` and ``vmap`` return what the
-    batched call returns, autograd history included, and a twin that returns its
-    input returns the batch itself.
+    :func:`shutdown`. Results carry no autograd history, whatever the executor
+    (this is preprocessing): a batch that requires grad is read detached, and a
+    twin that returns its input returns the batch itself.
 
     Ragged rows: with ``pad=`` (a number, or one per result like ``{"ids": 0,
     "mask": False}``) rows may differ in size; each is padded at the end of every
@@ -221,6 +223,7 @@ def map_rows(
             [ 0,  1,  2,  3],
             [ 0, -1, -1, -1]])
     """
+    check_fn(fn, batch, "map_rows", "batch")
     return _module_call(
         executor, fn, rows_of(batch), workers, device=device, timeout=timeout, out=out,
         pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
@@ -249,8 +252,9 @@ def map_samples(
     progress: bool = False,
 ) -> Any:
     """Like :func:`map_rows`, over a list of arbitrary samples: ``fn(sample)`` for each."""
+    check_fn(fn, samples, "map_samples", "samples")
     return _module_call(
-        executor, fn, SampleRows(list(samples)), workers, device=device, timeout=timeout,
+        executor, fn, samples_of(samples), workers, device=device, timeout=timeout,
         out=out, pad=pad, pad_to=pad_to, return_lengths=return_lengths, on_error=on_error,
         fill=fill, return_valid=return_valid, return_errors=return_errors, setup=setup,
         progress=progress,

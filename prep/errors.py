@@ -8,6 +8,8 @@
     │   │   │                     cannot start, or /dev/shm has no room
     │   │   └── FunctionLoadError a worker could not load the row function
     │   ├── SetupError   ``setup=`` raised (never a row error, never filled)
+    │   ├── VmapUnsupported  ``executor="vmap"`` cannot run this row function (``.item()``,
+    │   │                data-dependent shapes, ...); the message says why and what to use
     │   └── UsageError   command-line arguments that cannot work together (exit 2)
     ├── RowError         the row function raised; ``.row`` is the row's index and
     │                    ``__cause__`` carries the original exception or traceback
@@ -40,6 +42,7 @@ __all__ = [
     "StackError",
     "Terminated",
     "UsageError",
+    "VmapUnsupported",
     "WorkerCrashed",
 ]
 
@@ -62,6 +65,16 @@ class ExecutorUnavailable(ConfigError):
 class SetupError(ConfigError):
     """``setup=`` raised where a worker called it: not a row's fault, so never a
     :class:`RowError` (nor a filled row); ``__cause__`` is its exception."""
+
+
+class VmapUnsupported(ConfigError):
+    """``torch.func.vmap`` cannot run this row function, though the function itself runs
+    on a row: it reads values (``.item()``, ``int(row[0])``, a branch on data), makes a
+    shape that depends on them, or calls an op vmap has no rule for. ``__cause__`` is
+    torch's own error; the message names the function, torch's reason and the
+    executors that can run it. Not an :class:`ExecutorUnavailable`: ``auto`` never
+    picks vmap without checking it first, so this is raised where vmap was asked for.
+    """
 
 
 class FunctionLoadError(ExecutorUnavailable):

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .._output import Output, flatten
+from .._output import Output, ResultCheck, detached, flatten
 from .._policy import RAISE, Policy
 from .._rows import Rows, TensorRows
-from ..errors import RemoteTraceback, RowError, SetupError
+from ..errors import RemoteTraceback, RowError, SetupError, StackError
 from ._base import BLOCK, Job
 
 _THREAD_VARS = (
@@ -159,14 +159,29 @@ def run_chunk(
 
 
 def merge_chunk(job: Job, reply: tuple[Any, ...]) -> None:
-    """A ``("chunk", ...)`` reply into ``job``: its rows, and its failed rows noted."""
-    _, _, _, chunk, failed = reply
+    """A ``("chunk", ...)`` reply into ``job``: its rows, and its failed rows noted.
+
+    Under ``on_error='fill'``/``'skip'`` a chunk whose rows return another dtype or
+    rank than the batch's output (its worker had no reference to check them
+    against) is a chunk of failed rows, each with the reason."""
+    _, start, stop, chunk, failed = reply
     for error_reply in failed:
         err = error_from_reply(error_reply)
-        assert isinstance(err, RowError)
+        if not isinstance(err, RowError):
+            raise err  # not a row's own failure (a fill= that does not fit, say)
         job.fail(err.row, err)
-    if chunk is not None:
+    if chunk is None:
+        return
+    check = getattr(job.rows, "check", None)
+    problem = check.admit(chunk) if isinstance(check, ResultCheck) else None
+    if problem is None:
         job.merge(chunk)
+        return
+    for i in range(start, stop):
+        if i not in job.failures.errors:
+            err = RowError(i, f"row {i}: StackError: {problem}")
+            err.__cause__ = StackError(problem)
+            job.fail(i, err)
 
 
 def main(conn: Connection, main_pid: int, threads: int) -> None:
@@ -220,7 +235,7 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
             else:
                 try:
                     flatten(result, what=f"the row function, on row {start},")
-                    reply = ("probe", start, result)
+                    reply = ("probe", start, detached(result))
                 except Exception as exc:
                     reply = _error(start, exc, "bad-result")
         else:

@@ -22,7 +22,7 @@ from typing import Any
 import loky
 from loky.process_executor import TerminatedWorkerError
 
-from .._output import Output
+from .._output import Output, ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
@@ -40,13 +40,29 @@ class JoblibExecutor(Executor):
         n = len(job.rows)
         if n == 0:
             return job.output
-        chunks = list(iter_chunks(n, self.workers, per_worker=2, first=job.start))
-        errors, lost = self._run_chunks(job, chunks)
-        if lost:
-            errors += self._isolate(job, lost)
+        first, errors = job.start, []
+        check = getattr(job.rows, "check", None)
+        if job.output is None and isinstance(check, ResultCheck):
+            # as threads do: the first row alone shapes the output, and every worker then
+            # checks its rows against it (else each would against its own first row)
+            errors = self._run_all(job, [(first, first + 1)])
+            first += 1
+            if job.output is not None:
+                check.seed(job.output)
+        chunks = list(iter_chunks(n, self.workers, per_worker=2, first=first))
+        if chunks and not errors:
+            errors = self._run_all(job, chunks)
         if errors:
             raise first_error(errors)
         return job.output
+
+    def _run_all(self, job: Job, chunks: list[tuple[int, int]]) -> list[BaseException]:
+        """The chunks' rows written (a worker's death isolated under fill/skip); the
+        errors to raise."""
+        errors, lost = self._run_chunks(job, chunks)
+        if lost:
+            errors += self._isolate(job, lost)
+        return errors
 
     def _run_chunks(
         self, job: Job, chunks: list[tuple[int, int]]

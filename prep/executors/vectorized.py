@@ -13,7 +13,7 @@ from .._output import Output, flatten
 from .._policy import Policy
 from .._rows import TensorRows
 from .._rowwise import twin_of
-from ..errors import ConfigError
+from ..errors import ConfigError, VmapUnsupported
 from ._base import Executor, Job
 
 
@@ -51,6 +51,8 @@ class VectorizedExecutor(Executor):
         result = rows.call_batched(twin)
         job.advance(len(rows))
         spec, leaves = flatten(result, what=what)
+        # preprocessing: no autograd history, as the per-row executors write theirs
+        leaves = [t.detach() if t.requires_grad else t for t in leaves]
         n = len(rows)
         for leaf in leaves:
             if leaf.dim() == 0 or leaf.shape[0] != n:
@@ -123,6 +125,37 @@ class VmapExecutor(VectorizedExecutor):
             # vmap maps positional inputs only: pass named columns positionally, rename inside
             names, k = list(named), len(columns)
             row = lambda *c: fn(*c[:k], **dict(zip(names, c[k:])))
-            return torch.func.vmap(row)(*columns, *named.values())
+            inputs = (*columns, *named.values())
+            try:
+                return torch.func.vmap(row)(*inputs)
+            except Exception as exc:
+                error = _vmap_error(fn, row, inputs, exc)
+                if error is exc:
+                    raise
+                raise error from exc
 
         return call, f"torch.func.vmap({_name(fn)})"
+
+
+def _vmap_error(
+    fn: Callable[..., Any], row: Callable[..., Any], inputs: tuple[Any, ...], exc: Exception
+) -> Exception:
+    """What vmap's failure means: the row function's own error where it fails on a
+    plain row too (raised as it is), else a :class:`VmapUnsupported` that says why and
+    what runs it. Costs one row, and only once vmap has failed."""
+    if not inputs or not all(isinstance(c, torch.Tensor) and len(c) for c in inputs):
+        return exc
+    try:
+        row(*(c[0] for c in inputs))
+    except Exception:
+        return exc  # the function fails on its own: its error, not vmap's
+    text = str(exc).strip()
+    reason = text.splitlines()[0].rstrip(".") if text else type(exc).__name__
+    return VmapUnsupported(
+        f"executor='vmap' cannot run {_name(fn)}: torch.func.vmap raised "
+        f"{type(exc).__name__}: {reason}. The function runs on a single row, but vmap runs "
+        f"all rows as one traced batch, so it cannot read values (.item(), int(row[0]), a "
+        f"Python if on data) nor make shapes that depend on them. Use executor='auto' "
+        f"(it tries vmap and falls back), a per-row executor ('serial', 'threads', "
+        f"'processes'), or give the function a batched twin with @prep.rowwise"
+    )
