@@ -10,7 +10,7 @@ from typing import Any
 
 from ._checks import check_device, check_timeout
 from ._progress import CountBar
-from ._rows import Rows, SampleRows, rows_of
+from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
 from ._stream import Stream, check_prefetch
 from .api import AUTO, _call, _check_name, _choose
@@ -67,7 +67,7 @@ class Pool:
 
     def map_samples(self, fn: Callable[[Any], Any], samples: Sequence[Any], **options: Any) -> Any:
         """:func:`map_samples` with this pool's executor, workers, device and timeout."""
-        return self._call(fn, SampleRows(list(samples)), options)
+        return self._call(fn, samples_of(samples), options)
 
     def _call(self, fn: Callable[..., Any], rows: Rows, options: dict[str, Any]) -> Any:
         ex = self._get(_choose(self.executor))
