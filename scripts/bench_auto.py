@@ -20,6 +20,11 @@ prep.bench.libraries that can run here) and every executor that applies
   (``--one WORKLOAD EXECUTOR``, which prints JSON), so every executor pays its own
   start-up, multiprocessing's forkserver included, as in a user's fresh program.
   Repeat r runs every executor once, in an order rotated by r.
+* first 6 calls with wisdom: the same, for auto in a second interpreter that finds
+  what a first one remembered (prep.auto.wisdom): per repeat, a fresh wisdom file, a
+  first interpreter that runs 24 calls (a training script's first run) and, timed, a
+  second one's first 6 calls (column "auto 2nd run"). Every other child runs with
+  PREP_WISDOM=off, and so does this script itself.
 * 16 batches (--batches) of 256 rows of a ~2 ms GIL-bound pure-Python row function
   (python_work with iters tuned here), a fresh Pool("auto") against a fresh
   Pool("processes"), each in a fresh interpreter (``--many EXECUTOR``): the total.
@@ -28,7 +33,9 @@ prep.bench.libraries that can run here) and every executor that applies
 of 16 rows, and the first 6 calls of text_re only (--first6-workloads to change).
 
 Targets: auto within 1.15x of the best fixed executor warm, within 1.3x over the
-first 6 calls, and within 1.2x of processes over the 16 batches.
+first 6 calls, within 1.1x over a second interpreter's first 6 calls (wisdom), and
+within 1.2x of processes over the 16 batches. The check that rows run in worker
+processes equal serial's costs at most 2% of a batch ("check" column).
 """
 
 from __future__ import annotations
@@ -62,7 +69,10 @@ AUTO = "auto"
 EXECUTORS = [*FIXED, AUTO]
 BATCHED = ("vectorized", "vmap")  # n/a where they raise (no twin, vmap cannot trace fn)
 FIRST_CALLS = 6
-WARM_TARGET, FIRST_TARGET, MANY_TARGET = 1.15, 1.3, 1.2
+AUTO2 = "auto 2nd run"  # a second interpreter's auto, with the first one's wisdom
+SEED_CALLS = 24  # calls of the first interpreter that leaves its wisdom
+WARM_TARGET, FIRST_TARGET, WISDOM_TARGET, MANY_TARGET = 1.15, 1.3, 1.1, 1.2
+CHECK_TARGET = 0.02
 MANY_ROW_S = 0.002  # the 16-batch case's row function costs about this much
 
 
@@ -217,7 +227,7 @@ def many(executor: str, rows: int, workers: int, batches: int, iters: int) -> di
     return {"total_s": total, "calls_s": times, "choice": choice}
 
 
-def child(args: list[str], timeout: float) -> dict[str, Any]:
+def child(args: list[str], timeout: float, wisdom: str = "off") -> dict[str, Any]:
     """Run this script with ``args`` in a fresh interpreter; its JSON line, or an error."""
     try:
         proc = subprocess.run(
@@ -225,6 +235,7 @@ def child(args: list[str], timeout: float) -> dict[str, Any]:
             capture_output=True,
             text=True,
             timeout=timeout,
+            env={**os.environ, "PREP_WISDOM": wisdom},
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
@@ -310,6 +321,7 @@ def warm(
         if AUTO in pools:
             res["warm_choice"] = last_choice(auto_pool)
             res["warm_explain"] = auto_pool.explain()
+            res["check_s"] = sum(c.check_seconds for c in auto_pool.choices())
     finally:
         auto_pool.close()
     return res
@@ -318,15 +330,17 @@ def warm(
 def first_calls(
     name: str, executors: list[str], rows: int, workers: int, repeat: int, timeout: float
 ) -> dict[str, Any]:
-    samples: dict[str, list[float]] = {e: [] for e in executors}
+    wise = [*executors, AUTO2] if AUTO in executors else executors
+    samples: dict[str, list[float]] = {e: [] for e in wise}
     choices: list[str] = []
     errors: dict[str, str] = {}
-    firsts: dict[str, list[float]] = {e: [] for e in executors}
+    firsts: dict[str, list[float]] = {e: [] for e in wise}
     for r in range(repeat):
-        for e in rotated(executors, r):
+        for e in rotated(wise, r):
             if e in errors:
                 continue
-            out = child(["--one", name, e, "--rows", str(rows), "--workers", str(workers)], timeout)
+            args = ["--one", name, e, "--rows", str(rows), "--workers", str(workers)]
+            out = second_run(args, timeout) if e == AUTO2 else child(args, timeout)
             if "error" in out:
                 errors[e] = out["error"]
                 continue
@@ -343,8 +357,21 @@ def first_calls(
     }
 
 
+def second_run(args: list[str], timeout: float) -> dict[str, Any]:
+    """auto's first calls in a second interpreter, after a first one left its wisdom."""
+    import tempfile
+
+    args[2] = AUTO  # ["--one", workload, executor, ...]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "wisdom.json")
+        seed = child([*args, "--calls", str(SEED_CALLS)], timeout, path)
+        if "error" in seed:
+            return {"error": f"first interpreter: {seed['error']}"}
+        return child(args, timeout, path)
+
+
 def best_of(times: dict[str, float]) -> tuple[str | None, float | None]:
-    fixed = {e: t for e, t in times.items() if e != AUTO}
+    fixed = {e: t for e, t in times.items() if e not in (AUTO, AUTO2)}
     if not fixed:
         return None, None
     e = min(fixed, key=fixed.__getitem__)
@@ -424,13 +451,18 @@ def many_case(rows: int, workers: int, batches: int, repeat: int, timeout: float
 def figure_table(
     results: dict[str, dict[str, Any]], key: str, target: float
 ) -> tuple[str, int, int]:
-    header = ["workload", *EXECUTORS, "best fixed", "auto / best", "auto chose", f"<= {target}x"]
+    columns = [*EXECUTORS, AUTO2] if key == "first6" else EXECUTORS
+    header = ["workload", *columns, "best fixed", "auto / best", "auto chose", f"<= {target}x"]
+    if key == "first6":
+        header += ["2nd run / best", f"<= {WISDOM_TARGET}x"]
+    else:
+        header += ["check, % of a batch", f"<= {CHECK_TARGET:.0%}"]
     body, met, counted = [], 0, 0
     for name, res in results.items():
         times = res.get(key, {})
         best, _, ratio, ok = verdict(times, target)
         cells = []
-        for e in EXECUTORS:
+        for e in columns:
             if e in times:
                 cells.append(ms(times[e]))
             else:
@@ -452,9 +484,27 @@ def figure_table(
                 f"{ratio:.2f}x" if ratio is not None else "?",
                 chose,
                 "?" if ok is None else "met" if ok else "MISSED",
+                *extra_cells(res, key),
             ]
         )
     return table(body, header), met, counted
+
+
+def extra_cells(res: dict[str, Any], key: str) -> list[str]:
+    """The second run's ratio (first 6 calls), or the check's share of a batch (warm)."""
+    if key == "first6":
+        times = res.get(key, {})
+        _, best_t = best_of(times)
+        second = times.get(AUTO2)
+        if best_t is None or second is None:
+            return ["?", "?"]
+        ratio = second / best_t
+        return [f"{ratio:.2f}x", "met" if ratio <= WISDOM_TARGET else "MISSED"]
+    batch, check = res.get("warm", {}).get(AUTO), res.get("check_s")
+    if not check or not batch:
+        return ["none", "met"]  # no pool of other interpreters was started: nothing checked
+    share = check / batch
+    return [f"{share:.1%}", "met" if share <= CHECK_TARGET else "MISSED"]
 
 
 def report(
@@ -551,6 +601,18 @@ def report(
     rows = [[f"warm, auto within {WARM_TARGET}x of the best", f"{warm_met} of {warm_n}"]]
     if first_done:
         rows.append([f"first 6 calls, within {FIRST_TARGET}x", f"{first_met} of {first_n}"])
+        seconds = [extra_cells(r, "first6")[1] for r in first_done.values()]
+        rows.append(
+            [
+                f"a second interpreter's first 6 calls (wisdom), within {WISDOM_TARGET}x",
+                f"{seconds.count('met')} of {len(seconds) - seconds.count('?')}",
+            ]
+        )
+    checks = [extra_cells(r, "warm")[1] for r in results.values()]
+    rows.append(
+        [f"the check costs at most {CHECK_TARGET:.0%} of a batch", f"{checks.count('met')} of "
+         f"{len(checks)}"]
+    )  # fmt: skip
     if many_res is not None and many_res["met"] is not None:
         rows.append(
             [
@@ -601,6 +663,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if not args.one:
+        os.environ["PREP_WISDOM"] = "off"  # the warm pools measure as a first run does
     if args.one:
         name, executor = args.one
         try:

@@ -65,6 +65,11 @@ def describe(cal: Calibration) -> str:
             f"they start after about {math.ceil(cal.process_start / saving)} batches "
             f"({cal.saved_by_processes * 1e3:,.1f} ms saved so far)"
         )
+    if cal.check_seconds:
+        lines.append(
+            f"  checking rows in the workers against serial's here took "
+            f"{cal.check_seconds * 1e3:,.1f} ms, once"
+        )
     if cal.remembered:
         lines.append(
             f"  remembered from an earlier run on this machine ({cal.remembered}); every "

@@ -97,6 +97,8 @@ class Calibration:
     processes_ready: bool = False
     #: the dispatch cost was measured on a running pool (else it is assumed)
     dispatch_measured: bool = False
+    #: seconds spent checking that rows run in worker processes equal serial's here
+    check_seconds: float = 0.0
     #: when the choice was remembered from an earlier interpreter ("" if measured here)
     remembered: str = ""
     #: the remembered choice: a process pool it names is bought at once

@@ -244,14 +244,18 @@ class AutoExecutor(Executor):
         cal.process_start = start + setup
         if not cal.plan_start(start + setup, rows):
             return
+        t = now(False)
         probe = Probe.take(job.fn, job.rows.window(job.start, len(job.rows)))
+        cal.check_seconds += now(False) - t
         if probe is not None and (row := probe.writes_input()) is not None:
             with self._lock:
                 cal.drop("processes", writes_input(job.start + row))
             return
         try:
             took = ex.load(job.fn, job.remaining())
+            t = now(False)
             verdict = self._same_in_workers(cal, ex, job, probe)
+            cal.check_seconds += now(False) - t
         except ExecutorUnavailable as exc:
             with self._lock:
                 cal.drop("processes", f"its workers could not load the function: {exc}")
