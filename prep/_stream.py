@@ -43,18 +43,20 @@ no thread and no overlap, for debugging and profiling.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from .errors import ConfigError
 
-__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Stream", "check_prefetch"]
+__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Ran", "Stream", "Ticket", "check_prefetch"]
 
 THREAD_NAME = "prep-imap"
 #: seconds :meth:`Stream.close` waits for a batch in flight to finish
@@ -121,6 +123,10 @@ class _Link:
                 return not self.stop.is_set()
         return False
 
+    def try_reserve(self) -> bool:
+        """A slot now, if one is free (never waits)."""
+        return self.slots.acquire(blocking=False)
+
     def put(self, kind: str, value: Any) -> bool:
         """Hand an item to the consumer; False (the item dropped) once it has stopped."""
         while not self.stop.is_set():
@@ -154,33 +160,103 @@ class _Link:
                 return
 
 
+class Ticket(Protocol):
+    """A batch handed over: :meth:`wait` for it, then take its :meth:`result`."""
+
+    def done(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def result(self) -> Any: ...
+    def cancel(self) -> None: ...
+
+
+class Ran:
+    """A batch already run (``call`` in the producer's thread): its result or error."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+    @classmethod
+    def of(cls, call: Callable[[Any], Any], batch: Any) -> Ran:
+        try:
+            return cls(call(batch))
+        except BaseException as exc:  # raised where the consumer takes this batch
+            return cls(error=exc)
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+    def result(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def cancel(self) -> None:
+        self.value = None
+
+
 def _produce(
-    call: Callable[[Any], Any], batches: Iterator[Any], link: _Link, state: _TorchState
+    submit: Callable[[Any], Ticket], batches: Iterator[Any], link: _Link, state: _TorchState
 ) -> None:
     """The producer thread's life: every batch until they end, one fails or the consumer
     stops; an error goes to the consumer, which raises it in its place."""
     try:
         with state.applied():
-            _run_batches(call, batches, link)
+            _run_batches(submit, batches, link)
     except BaseException as exc:
         link.put(_ERROR, exc)
 
 
-def _run_batches(call: Callable[[Any], Any], batches: Iterator[Any], link: _Link) -> None:
-    """Pull a batch, run it, hand over its result, in order, one slot each."""
-    while link.reserve():
-        try:
-            batch = next(batches)
-        except StopIteration:
-            link.put(_END, None)
-            return
-        if link.stop.is_set():  # stopped while the batch was pulled: do not start it
-            return
-        result = call(batch)
-        del batch  # hold neither while waiting for the next slot: memory stays bounded
-        if not link.put(_RESULT, result):
-            return
-        del result
+def _run_batches(submit: Callable[[Any], Ticket], batches: Iterator[Any], link: _Link) -> None:
+    """Keep up to a slot's worth of batches submitted; hand their results over in order.
+
+    Each turn does the first of: deliver the oldest batch if it is done; pull and
+    submit one more if a slot is free; wait a little for the oldest. So a batch run
+    in this thread (:class:`Ran`) is delivered before the next one is pulled, and
+    batches run elsewhere keep every slot busy."""
+    pending: deque[Ticket] = deque()
+    ended = False
+    try:
+        while not link.stop.is_set():
+            if pending and pending[0].done():
+                if not _deliver(pending.popleft(), link):
+                    return
+            elif not ended and (link.try_reserve() if pending else link.reserve()):
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    ended = True
+                    link.slots.release()  # taken for a batch that never came
+                    continue
+                except BaseException as exc:  # the batches' own error, in its place
+                    ended = True
+                    pending.append(Ran(error=exc))
+                    continue
+                if link.stop.is_set():  # stopped while the batch was pulled: do not start it
+                    return
+                pending.append(submit(batch))
+                del batch  # the ticket holds what it needs: memory stays bounded by slots
+            elif pending:
+                pending[0].wait(POLL)
+            else:
+                if ended:
+                    link.put(_END, None)
+                return  # ended, or stopped while waiting for a slot
+    finally:
+        for ticket in pending:  # stopped with batches in flight: nobody takes them
+            ticket.cancel()
+
+
+def _deliver(ticket: Ticket, link: _Link) -> bool:
+    """The batch's result (or its error, which ends the stream) to the consumer."""
+    try:
+        result = ticket.result()
+    except BaseException as exc:
+        link.put(_ERROR, exc)
+        return False
+    return link.put(_RESULT, result)
 
 
 def _surfaced(exc: BaseException) -> BaseException:
@@ -202,7 +278,11 @@ class Stream(Iterator[Any]):
     """
 
     def __init__(
-        self, call: Callable[[Any], Any], batches: Iterable[Any], prefetch: int = 2
+        self,
+        call: Callable[[Any], Any],
+        batches: Iterable[Any],
+        prefetch: int = 2,
+        submit: Callable[[Any], Ticket] | None = None,
     ) -> None:
         self.prefetch = check_prefetch(prefetch)
         self._call = call
@@ -212,7 +292,8 @@ class Stream(Iterator[Any]):
         self._link = _Link(self.prefetch)  # unused at prefetch=0
         self._thread: threading.Thread | None = None
         if self.prefetch:
-            args = (call, self._batches, self._link, _TorchState.here())
+            submit = submit or functools.partial(Ran.of, call)
+            args = (submit, self._batches, self._link, _TorchState.here())
             self._thread = threading.Thread(
                 target=_produce, args=args, name=THREAD_NAME, daemon=True
             )

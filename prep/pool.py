@@ -12,13 +12,25 @@ from ._checks import check_device, check_timeout
 from ._progress import CountBar
 from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
+from ._strategy import FLAVOUR, StrategyPlan, check_strategy
 from ._stream import Stream, check_prefetch
+from ._whole import Submitter
 from .api import AUTO, _call, _check_name, _choose
 from .auto import AutoExecutor, Calibration
 from .errors import ConfigError
-from .executors import REGISTRY, Executor, resolve_workers
+from .executors import REGISTRY, Executor, in_worker_process, resolve_workers
+from .executors._batch_threads import ThreadBatches
+from .executors._batches import ProcessBatches
 
 __all__ = ["Pool"]
+
+#: the whole-batch workers of each flavour (``Pool.imap(strategy="whole")``)
+WHOLE: dict[str, type[ProcessBatches] | type[ThreadBatches]] = {
+    "processes": ProcessBatches,
+    "threads": ThreadBatches,
+}
+#: streams whose strategy ``explain()`` describes, the latest last
+PLANS = 4
 
 
 class Pool:
@@ -46,6 +58,8 @@ class Pool:
         self.device = check_device(device)
         self.timeout = check_timeout(timeout)
         self._executors: dict[str, Executor] = {}
+        self._whole: dict[str, ProcessBatches | ThreadBatches] = {}
+        self._plans: list[StrategyPlan] = []
         self._closed = False
         self._lock = threading.Lock()  # two threads' first calls build one executor
         self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
@@ -57,6 +71,15 @@ class Pool:
             ex = self._executors.get(name)
             if ex is None:
                 ex = self._executors[name] = REGISTRY[name](self.workers)
+            return ex
+
+    def _whole_workers(self, flavour: str) -> ProcessBatches | ThreadBatches:
+        with self._lock:
+            if self._closed:
+                raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
+            ex = self._whole.get(flavour)
+            if ex is None:
+                ex = self._whole[flavour] = WHOLE[flavour](self.workers)
             return ex
 
     def map_rows(self, fn: Callable[..., Any], batch: Any, **options: Any) -> Any:
@@ -77,7 +100,13 @@ class Pool:
         return _call(ex, fn, rows, device=self.device, timeout=self.timeout, **options)
 
     def imap(
-        self, fn: Callable[..., Any], batches: Iterable[Any], *, prefetch: int = 2, **options: Any
+        self,
+        fn: Callable[..., Any],
+        batches: Iterable[Any],
+        *,
+        prefetch: int | None = None,
+        strategy: str = "auto",
+        **options: Any,
     ) -> Stream:
         """:meth:`map_rows` over an iterable of batches (a DataLoader, say), the results in
         order, with up to ``prefetch`` batches prepared ahead in one background thread
@@ -94,18 +123,19 @@ class Pool:
         ...     [out.sum().item() for out in pool.imap(torch.neg, [torch.ones(2, 2)] * 3)]
         [-4.0, -4.0, -4.0]
         """
-        return self._stream(self.map_rows, fn, batches, prefetch, options)
+        return self._stream(self.map_rows, fn, batches, prefetch, strategy, options)
 
     def imap_samples(
         self,
         fn: Callable[[Any], Any],
         batches: Iterable[Sequence[Any]],
         *,
-        prefetch: int = 2,
+        prefetch: int | None = None,
+        strategy: str = "auto",
         **options: Any,
     ) -> Stream:
         """:meth:`imap` for batches that are lists of samples: :meth:`map_samples` on each."""
-        return self._stream(self.map_samples, fn, batches, prefetch, options)
+        return self._stream(self.map_samples, fn, batches, prefetch, strategy, options)
 
     def _stream(
         self,
@@ -113,36 +143,83 @@ class Pool:
         fn: Callable[..., Any],
         batches: Iterable[Any],
         prefetch: Any,
+        strategy: Any,
         options: dict[str, Any],
     ) -> Stream:
-        check_prefetch(prefetch)
+        try:
+            batches = iter(batches)
+        except TypeError:
+            raise TypeError(
+                f"batches must be an iterable of batches (a list, a generator, a DataLoader), "
+                f"got {type(batches).__name__} {batches!r:.40}"
+            ) from None
         if self._closed:
             raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
+        name = _choose(self.executor)
+        flavour = FLAVOUR.get(name)
+        if flavour == "processes" and in_worker_process():
+            flavour = "threads"  # a DataLoader worker cannot have children
+        prefetch = self._prefetch(prefetch, strategy, name)
+        strategy = check_strategy(strategy, name, self.workers, prefetch)
         if options.get("out") is not None and prefetch != 0:
             raise ConfigError(
                 f"out= is one buffer, but imap prepares up to prefetch={prefetch!r} batches "
                 f"while you hold the current one: they would overwrite it; drop out= (each "
                 f"batch gets its own output), or pass prefetch=0"
             )
-        if not options.pop("progress", self.progress):
-            return Stream(
-                lambda batch: method(fn, batch, progress=False, **options), batches, prefetch
-            )
-        meter = CountBar("batch")
+        samples = method == self.map_samples
+        meter = CountBar("batch") if options.pop("progress", self.progress) else None
 
-        def call(batch: Any) -> Any:
+        def split(batch: Any) -> Any:
             out = method(fn, batch, progress=False, **options)
-            meter.advance(len(batch) if method == self.map_samples else len(rows_of(batch)))
+            if meter is not None:
+                meter.advance(len(batch) if samples else len(rows_of(batch)))
             return out
 
-        stream = Stream(call, batches, prefetch)
-        weakref.finalize(stream, meter.close)
+        bound = self._binder.bind(fn) if self._binder is not None else fn
+
+        def finish(ex: Executor, rows: Rows) -> Any:
+            out = _call(
+                ex, bound, rows, device=self.device, timeout=self.timeout, progress=False,
+                **options,
+            )  # fmt: skip
+            if meter is not None:
+                meter.advance(len(rows))
+            return out
+
+        plan = StrategyPlan(strategy, self.workers)
+        whole = self._whole_workers(flavour) if strategy != "split" and flavour else None
+        submit = Submitter(
+            plan, samples, split, finish, bound, options, whole,
+            isolate=lambda: self._get("processes"), timeout=self.timeout,
+        )  # fmt: skip
+        with self._lock:
+            self._plans = [*self._plans[-(PLANS - 1) :], plan]
+        stream = Stream(split, batches, prefetch, submit=submit)
+        if meter is not None:
+            weakref.finalize(stream, meter.close)
         return stream
 
+    def _prefetch(self, prefetch: Any, strategy: Any, name: str) -> int:
+        """``prefetch`` checked; None: two batches per worker where whole batches may
+        run (as a DataLoader's prefetch_factor=2 does), else two."""
+        if prefetch is not None:
+            return check_prefetch(prefetch)
+        whole = strategy in ("whole", "auto") and name in FLAVOUR and self.workers > 1
+        return 2 * self.workers if whole else 2
+
     def explain(self) -> str:
-        """What ``auto`` measured and chose for each signature this pool has seen."""
+        """What ``auto`` measured and chose for each signature this pool has seen, and
+        the strategy of its latest streams (``imap``)."""
         auto = self._executors.get(AUTO)
-        return auto.explain() if isinstance(auto, AutoExecutor) else "nothing yet"
+        text = auto.explain() if isinstance(auto, AutoExecutor) else "nothing yet"
+        with self._lock:
+            plans = list(self._plans)
+        if plans:
+            text = "\n".join(
+                [text if text != "nothing yet" else "", *(p.describe() for p in plans)]
+            ).strip()
+        return text
 
     def choices(self) -> list[Calibration]:
         """``auto``'s latest :class:`~prep.auto.Calibration` for each signature this pool
@@ -157,9 +234,10 @@ class Pool:
         with self._lock:
             self._closed = True
             executors, self._executors = self._executors, {}
+            whole, self._whole = self._whole, {}
         if os.getpid() != self._pid:
             return
-        for ex in executors.values():
+        for ex in [*executors.values(), *whole.values()]:
             ex.close()
         if self._binder is not None:
             self._binder.close()  # the states of this process's workers (serial, threads)

@@ -21,10 +21,10 @@ LOAD_TIMEOUT = 120.0
 class Worker:
     """The parent's end of one worker process: its pipe, and what it holds."""
 
-    def __init__(self, ctx: Any, threads: int) -> None:
+    def __init__(self, ctx: Any, threads: int, target: Callable[..., None] = _worker.main) -> None:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=_worker.main, args=(child, os.getpid(), threads), daemon=True, name="prep-worker"
+            target=target, args=(child, os.getpid(), threads), daemon=True, name="prep-worker"
         )
         try:
             self.proc.start()

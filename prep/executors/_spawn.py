@@ -38,7 +38,7 @@ import torch.multiprocessing as tmp
 from ..errors import ConfigError, ExecutorUnavailable
 
 START_METHODS = ("forkserver", "fork")
-PRELOAD = ["torch", "prep.executors._worker"]
+PRELOAD = ["torch", "prep.executors._worker", "prep.executors._batch_worker"]
 
 
 class _Server(forkserver.ForkServer):

@@ -1,0 +1,197 @@
+"""How a stream runs its batches: split each across the workers, or whole batches per worker.
+
+``split`` runs one batch at a time on every worker (the pool's executor, as
+``map_rows`` does): the lowest latency a batch, but each batch ends at a
+barrier (the workers idle while the slowest range finishes, then the parent
+merges and dispatches the next). ``whole`` gives each worker whole batches,
+several in flight, as the DataLoader does: no barrier, but a batch takes one
+worker's time for all its rows. ``auto`` measures both on the stream itself and
+keeps the faster; :func:`choose_strategy` is that decision, a pure function of
+the figures, so that it can be tested with figures of any machine.
+
+The figures are rates in rows per second, each the median over a few batches:
+
+- ``split``: a batch's rows over the time the pool took to run it;
+- ``whole``: ``workers`` times the rows one worker builds a second (its own
+  timing of each batch, so a slow consumer does not hide it), capped by the
+  rate at which the stream's thread takes finished batches in (receiving the
+  output, padding it, moving it to the device), which it does one at a time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+__all__ = [
+    "STRATEGIES",
+    "StrategyChoice",
+    "StrategyFigures",
+    "StrategyPlan",
+    "check_strategy",
+    "choose_strategy",
+]
+
+STRATEGIES = ("split", "whole", "auto")
+#: the whole-batch flavour a pool of each executor uses (none: split only)
+FLAVOUR = {
+    "processes": "processes",
+    "joblib": "processes",
+    "auto": "processes",
+    "threads": "threads",
+}
+#: whole must beat split by this factor to be chosen (split holds less memory per batch)
+MARGIN = 1.05
+
+
+def check_strategy(strategy: object, executor: str, workers: int, prefetch: int) -> str:
+    """The strategy a stream runs: ``strategy`` checked against the pool, ``auto``
+    reduced to ``split`` where whole batches cannot help."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(
+            f"strategy={strategy!r} is not one of {', '.join(map(repr, STRATEGIES))}; "
+            f"'split' runs each batch across all workers, 'whole' gives each worker whole "
+            f"batches (as a DataLoader does), 'auto' measures both on the stream"
+        )
+    flavour = FLAVOUR.get(executor)
+    if strategy == "whole" and flavour is None:
+        raise ConfigError(
+            f"strategy='whole' gives each worker whole batches, but executor={executor!r} "
+            f"has no workers to give them to; use executor='processes', 'threads' or "
+            f"'auto', or strategy='split'"
+        )
+    if strategy == "whole" and prefetch == 0:
+        raise ConfigError(
+            "strategy='whole' keeps several batches in flight, but prefetch=0 runs each "
+            "batch in your loop's thread; pass prefetch >= 1 (two per worker keep every "
+            "worker busy), or strategy='split'"
+        )
+    if strategy == "auto" and (flavour is None or prefetch < 2 or workers < 2):
+        return "split"  # nothing to gain: one worker, or no batches in flight to share
+    assert isinstance(strategy, str)
+    return strategy
+
+
+@dataclass(frozen=True)
+class StrategyFigures:
+    """What a stream measured, in rows per second (None: not measured)."""
+
+    workers: int
+    split: float | None = None  # a batch split across the workers
+    whole_worker: float | None = None  # one worker building a whole batch
+    whole_take: float | None = None  # the stream's thread taking a finished batch in
+
+    @property
+    def whole(self) -> float | None:
+        """The stream's rate with whole batches: every worker busy, capped by the taking."""
+        if self.whole_worker is None or self.whole_take is None:
+            return None
+        return min(self.workers * self.whole_worker, self.whole_take)
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    strategy: str
+    reason: str
+
+
+def choose_strategy(f: StrategyFigures, margin: float = MARGIN) -> StrategyChoice:
+    """``whole`` if its rate beats ``split``'s by ``margin``, else ``split``."""
+    whole, split = f.whole, f.split
+    if whole is None:
+        return StrategyChoice("split", "whole batches were not measured")
+    detail = (
+        f"{f.workers} workers x {f.whole_worker:,.0f} rows/s each, taken in at up to "
+        f"{f.whole_take:,.0f} rows/s"
+    )
+    if split is None:
+        return StrategyChoice("whole", f"whole batches: {whole:,.0f} rows/s ({detail})")
+    if whole >= split * margin:
+        return StrategyChoice(
+            "whole",
+            f"whole batches: {whole:,.0f} rows/s ({detail}), {whole / split:.2f}x splitting "
+            f"each batch ({split:,.0f} rows/s)",
+        )
+    return StrategyChoice(
+        "split",
+        f"splitting each batch: {split:,.0f} rows/s; whole batches: {whole:,.0f} rows/s "
+        f"({detail}), under {margin:.2f}x that",
+    )
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass
+class StrategyPlan:
+    """Which strategy each batch of one stream takes. Fixed, or ``auto``: the first
+    batches split (the first one untimed: auto's calibration, a pool's start), then
+    whole batches (the first ``workers`` untimed: each worker's start and setup=),
+    then :func:`choose_strategy` on the medians, kept for the rest of the stream."""
+
+    strategy: str
+    workers: int
+    SPLIT_TRIAL = 4
+    split_rates: list[float] = field(default_factory=list)
+    worker_rates: list[float] = field(default_factory=list)
+    take_rates: list[float] = field(default_factory=list)
+    submitted: dict[str, int] = field(default_factory=lambda: {"split": 0, "whole": 0})
+    taken_whole: int = 0
+    choice: StrategyChoice | None = None
+
+    @property
+    def whole_trial(self) -> int:
+        """Whole batches timed before the choice (after ``workers`` untimed ones)."""
+        return self.workers + 3
+
+    def next(self) -> str:
+        """The strategy of the next batch submitted."""
+        if self.strategy != "auto":
+            name = self.strategy
+        elif self.choice is not None:
+            name = self.choice.strategy
+        else:
+            name = "split" if self.submitted["split"] < self.SPLIT_TRIAL else "whole"
+        self.submitted[name] += 1
+        return name
+
+    def split_ran(self, rows: int, seconds: float) -> None:
+        if self.submitted["split"] > 1 and seconds > 0:
+            self.split_rates.append(rows / seconds)
+
+    def whole_taken(self, rows: int, busy: float | None, take: float) -> None:
+        self.taken_whole += 1
+        if self.taken_whole <= self.workers or not busy or take <= 0:
+            return
+        self.worker_rates.append(rows / busy)
+        self.take_rates.append(rows / take)
+        if (
+            self.strategy == "auto"
+            and self.choice is None
+            and len(self.worker_rates) >= self.whole_trial
+        ):
+            self.choice = choose_strategy(self.figures())
+
+    def figures(self) -> StrategyFigures:
+        return StrategyFigures(
+            self.workers,
+            _median(self.split_rates),
+            _median(self.worker_rates),
+            _median(self.take_rates),
+        )
+
+    def describe(self) -> str:
+        """A line for ``Pool.explain()``."""
+        ran = ", ".join(f"{k} {v}" for k, v in self.submitted.items() if v)
+        if self.strategy != "auto":
+            return f"stream: strategy={self.strategy!r} (as asked); batches: {ran or 'none yet'}"
+        if self.choice is None:
+            return (
+                f"stream: strategy='auto', still measuring (batches: {ran or 'none yet'}); "
+                f"it needs {self.SPLIT_TRIAL} split and {self.workers + self.whole_trial} "
+                f"whole batches"
+            )
+        return f"stream: strategy='auto' chose {self.choice.strategy}: {self.choice.reason}"

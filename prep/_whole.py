@@ -1,0 +1,125 @@
+"""One stream's batches, each submitted by the strategy its plan says (``_strategy``).
+
+``split`` runs the batch at once through the pool (``map_rows``), in the
+stream's thread; ``whole`` hands it to a worker of the pool's whole-batch
+workers (``executors._batches``) and returns a ticket. Once a whole batch is
+done, the stream's thread finishes it as ``map_rows`` finishes its output
+(padding trimmed, failed rows skipped, lengths, the device) through
+``_batch.run``, with :class:`_Delivered` as the executor: so a whole batch
+returns what serial returns for it, bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._output import Output
+from ._policy import Policy
+from ._rows import Rows, SampleRows, rows_of
+from ._strategy import StrategyPlan
+from .errors import WorkerCrashed
+from .executors import Executor, Job
+from .executors._batches import Ticket
+
+__all__ = ["Delivery", "Submitter"]
+
+
+class _Delivered(Executor):
+    """The executor ``_batch.run`` sees for a whole batch: the ticket's output. A batch
+    whose worker died under ``on_error='fill'``/``'skip'`` runs again through
+    ``isolate`` (the pool's processes, which run such rows one by one)."""
+
+    name = "whole"
+
+    def __init__(self, ticket: Ticket, isolate: Callable[[], Executor]) -> None:
+        super().__init__(1)
+        self.ticket, self.isolate = ticket, isolate
+
+    def run(self, job: Job) -> Output | None:
+        try:
+            output, errors = self.ticket.result()
+        except WorkerCrashed:
+            if self.ticket.crashed and job.policy.per_row_errors:
+                return self.isolate().run(job)
+            raise
+        for row, error in errors.items():
+            job.failures.add(row, error)
+        job.output = output
+        return output
+
+
+class Delivery:
+    """A whole batch in flight, as the stream sees it: done once its worker replied;
+    :meth:`result` finishes it (and times that, for the plan)."""
+
+    def __init__(self, ticket: Ticket, finish: Callable[[Ticket], Any], plan: StrategyPlan):
+        self.ticket, self.finish, self.plan = ticket, finish, plan
+
+    def done(self) -> bool:
+        return self.ticket.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.ticket.wait(timeout)
+
+    def result(self) -> Any:
+        t = time.perf_counter()
+        value = self.finish(self.ticket)
+        take = time.perf_counter() - t + self.ticket.transfer
+        self.plan.whole_taken(len(self.ticket.rows), self.ticket.busy, take)
+        return value
+
+    def cancel(self) -> None:
+        self.ticket.cancel()
+
+
+class Submitter:
+    """``submit(batch)`` for :class:`~prep._stream.Stream`: by the plan, a batch run at
+    once (split) or a :class:`Delivery` (whole).
+
+    ``split(batch)`` is the pool's ``map_rows``/``map_samples`` with the stream's
+    options; ``finish(executor, rows)`` is ``_batch.run`` through that executor
+    with the same options; ``workers`` are the pool's whole-batch workers (None when
+    the plan never asks for them), ``isolate`` its ``processes`` executor."""
+
+    def __init__(
+        self,
+        plan: StrategyPlan,
+        samples: bool,
+        split: Callable[[Any], Any],
+        finish: Callable[[Executor, Rows], Any],
+        fn: Any,
+        options: dict[str, Any],
+        workers: Any,
+        isolate: Callable[[], Executor],
+        timeout: float | None,
+    ) -> None:
+        self.plan, self.samples = plan, samples
+        self.split, self._finish, self.isolate = split, finish, isolate
+        self.workers, self.timeout = workers, timeout
+        self.policy = Policy.of(
+            options.get("pad"), options.get("pad_to"), options.get("on_error", "raise"),
+            options.get("fill"),
+        )  # fmt: skip
+        self.key = workers.prepare(fn) if workers is not None else None
+
+    def __call__(self, batch: Any) -> Any:
+        from ._stream import Ran
+
+        if self.plan.next() == "split":
+            t = time.perf_counter()
+            ran = Ran.of(self.split, batch)
+            if ran.error is None:
+                n = len(batch) if self.samples else len(rows_of(batch))
+                self.plan.split_ran(n, time.perf_counter() - t)
+            return ran
+        try:
+            rows: Rows = SampleRows(list(batch)) if self.samples else rows_of(batch)
+            ticket = self.workers.submit(self.key, rows, self.policy, self.timeout)
+        except BaseException as exc:  # raised in its place in the order, as split's are
+            return Ran(error=exc)
+        return Delivery(ticket, self._take, self.plan)
+
+    def _take(self, ticket: Ticket) -> Any:
+        return self._finish(_Delivered(ticket, self.isolate), ticket.rows)

@@ -1,0 +1,134 @@
+"""Whole batches on threads: each thread builds one batch at a time, serially.
+
+The thread flavour of :mod:`._batches`: no transport (the output is made where
+it is used), so it pays where the row function releases the GIL (image
+decoding, most torch ops) and its batches are too short for the split
+strategy's barrier. Pure-Python rows gain nothing over ``serial`` here.
+
+A thread cannot be killed: on a batch's deadline the ticket fails with
+:class:`~prep.BatchTimeout`, and a fresh thread takes the stuck one's place
+(the stuck one retires when its row returns, if it ever does).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+from .._policy import Policy
+from .._rows import Rows
+from ._base import Job, threads_per_worker
+from ._batches import Ticket
+from .threads import _own_intra_op_threads
+
+__all__ = ["ThreadBatches"]
+
+#: seconds between a waiting caller's looks at the deadline of a batch not yet started
+POLL = 0.1
+
+
+class _Thread(threading.Thread):
+    def __init__(self, tasks: queue.SimpleQueue[Ticket | None], intra: int, name: str) -> None:
+        super().__init__(daemon=True, name=name)
+        self.tasks, self.intra = tasks, intra
+        self.retired = False  # replaced after a timeout: stop after the current batch
+        self.current: Ticket | None = None
+
+    def run(self) -> None:
+        _own_intra_op_threads(self.intra)
+        while not self.retired and (ticket := self.tasks.get()) is not None:
+            if not ticket.cancelled:
+                self.current = ticket
+                _build(ticket)
+                self.current = None
+            del ticket  # hold no batch between batches
+
+
+def _build(ticket: Ticket) -> None:
+    """The whole batch, serially, in this thread; its value or error into the ticket."""
+    ticket.started = time.monotonic()
+    job = Job(ticket.fn, ticket.rows, timeout=ticket.timeout, policy=ticket.policy)
+    try:
+        job.run_range(0, len(ticket.rows))
+    except BaseException as exc:  # raised where the stream takes the result
+        ticket.resolve(error=exc)
+        return
+    ticket.busy = time.monotonic() - ticket.started
+    ticket.resolve((job.output, dict(job.failures.errors)))
+
+
+class ThreadBatches:
+    """Threads that each build whole batches, taken from one queue in order."""
+
+    name = "threads"
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._tasks: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
+        self._threads: list[_Thread] = []
+        self._lock = threading.Lock()
+        self._made = 0
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive() and not t.retired]
+            while len(self._threads) < self.workers:
+                self._made += 1
+                t = _Thread(
+                    self._tasks, threads_per_worker(self.workers), f"prep-batch-{self._made}"
+                )
+                t.start()
+                self._threads.append(t)
+
+    def prepare(self, fn: Any) -> Any:
+        return fn  # threads share the function itself
+
+    def submit(self, key: Any, rows: Rows, policy: Policy, timeout: float | None) -> Ticket:
+        ticket = Ticket(self, rows, policy, timeout)
+        ticket.fn = key
+        self._ensure_started()
+        self._tasks.put(ticket)
+        return ticket
+
+    def pump(self, ticket: Ticket, timeout: float | None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            left = ticket.left(now)
+            if left is not None and left <= 0 and not ticket.done():
+                self._abandon(ticket)
+                return True
+            waits = [x for x in (left, None if end is None else end - now) if x is not None]
+            if ticket.timeout is not None and left is None:
+                waits.append(POLL)  # not started yet: look again at its deadline soon
+            if ticket.settled(max(0.0, min(waits)) if waits else None):
+                return True
+            if end is not None and time.monotonic() >= end:
+                return False
+
+    def _abandon(self, ticket: Ticket) -> None:
+        """The batch is past its deadline: its thread retires, a fresh one serves."""
+        with self._lock:
+            for t in self._threads:
+                if t.current is ticket:
+                    t.retired = True
+        ticket.cancel()
+        ticket.resolve(
+            error=ticket.timed_out(
+                "threads cannot be killed, so the stuck one was abandoned and a new one started"
+            )
+        )
+        self._ensure_started()
+
+    def close(self) -> None:
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._tasks.put(None)
+        for t in threads:
+            t.join(timeout=5)
+
+    def __repr__(self) -> str:
+        return f"<ThreadBatches workers={self.workers}>"

@@ -1,0 +1,68 @@
+"""The loop a whole-batch worker runs, in the child process (see ``_batches``).
+
+It builds whole batches, one after another, in the order they arrive: each
+message names the row function by a key (its cloudpickled bytes come once per
+worker, just before the first batch that needs them), and carries the batch's
+rows. The output is allocated in shared memory and goes back by file
+descriptor in the reply itself (``_fdpipe``); the failed rows of ``on_error='fill'``/``'skip'``
+come back as error replies beside it. Like ``_worker``, it imports only torch
+and prep, so prep's forkserver preloads it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from . import _fdpipe
+from ._worker import _error, _watch_parent, limit_threads, run_chunk
+
+#: row functions a worker keeps loaded, by key (streams that alternate stay warm)
+KEEP = 4
+
+
+def run_whole(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``("whole", seq, started, ended, reply)`` for ``("whole", seq, key, rows, policy)``;
+    the reply is :func:`_worker.run_chunk`'s over every row."""
+    _, seq, _, rows, policy = msg
+    started = time.monotonic()
+    reply = run_chunk(fn, rows, 0, len(rows), policy=policy, shared=True)
+    return ("whole", seq, started, time.monotonic(), reply)
+
+
+def main(conn: Connection, main_pid: int, threads: int) -> None:
+    """Serve whole batches until the parent says ``close`` or goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    limit_threads(threads)
+    _watch_parent(main_pid)
+    fns: dict[str, Any] = {}  # key -> the function, or the error that loading it raised
+    while True:
+        try:
+            msg = _fdpipe.recv(conn)
+        except (EOFError, OSError):
+            return
+        if msg[0] == "close":
+            return
+        if msg[0] == "fn":
+            _, key, blob = msg
+            try:
+                fns[key] = pickle.loads(blob)
+            except BaseException as exc:  # SystemExit from a module it imports, too
+                fns[key] = exc
+            while len(fns) > KEEP:
+                del fns[next(iter(fns))]
+            continue
+        fn = fns.get(msg[2])
+        if fn is None or isinstance(fn, BaseException):
+            why = fn if fn is not None else LookupError(f"no function {msg[2]!r} was sent")
+            reply: tuple[Any, ...] = ("whole", msg[1], 0.0, 0.0, _error(-1, why, "load-error"))
+        else:
+            reply = run_whole(fn, msg)
+        try:
+            _fdpipe.send(conn, reply)
+        except Exception as exc:  # e.g. an output that cannot be pickled
+            _fdpipe.send(conn, ("whole", msg[1], 0.0, 0.0, _error(-1, exc, "bad-result")))
+        del reply, fn, msg  # the output's shared memory goes once the parent has it

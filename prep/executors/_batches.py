@@ -1,0 +1,321 @@
+"""Whole batches, one per worker, several in flight: the DataLoader's shape.
+
+A stream gives each worker whole batches instead of splitting every batch
+across all of them, so that no batch ends at a barrier: a worker that finishes
+its batch starts the next one at once. :meth:`submit` returns a
+:class:`Ticket` (the ``concurrent.futures`` shape); results are taken in the
+order the caller chooses, a ticket at a time.
+
+    parent (the stream's producer thread)              worker k (prep's forkserver)
+    ─────────────────────────────────────              ────────────────────────────
+    submit: ("fn", key, blob) once per worker ───────▶ loads it, keeps a few
+            ("whole", seq, key, rows, policy) ───────▶ queue, FIFO per worker
+    pump(ticket): wait(conn + sentinel, deadline) ◀── ("whole", seq, t0, t1, reply)
+                  replies resolve their tickets     (output: shared memory, its fds
+                  in each worker's order                in the same message, _fdpipe)
+
+A worker holds the tickets it was sent, oldest first; its replies come back in
+that order, so each reply resolves the worker's oldest ticket, whoever waits.
+A cancelled ticket's reply is read (its shared memory released) and dropped.
+A worker that dies fails the batch it held (:class:`~prep.WorkerCrashed`, or
+``crashed`` for the caller to run that batch row by row under
+``on_error='fill'``/``'skip'``); one past its batch's deadline is killed
+(:class:`~prep.BatchTimeout`). Either way its other batches go to a fresh
+worker in its place, so a failure in one batch never touches another.
+The deadline of a batch counts from when its worker could start it: when the
+batch was sent to an idle worker, else when its worker's previous reply was read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import threading
+import time
+from collections import deque
+from multiprocessing import connection
+from typing import Any
+
+from .._output import Output
+from .._policy import Policy
+from .._rows import Rows
+from ..errors import BatchTimeout, FunctionLoadError, RowError, WorkerCrashed
+from . import _batch_worker, _fdpipe, _spawn, _worker
+from ._base import threads_per_worker
+from ._handles import Worker
+from ._transport import describe_fn, pickle_fn
+
+__all__ = ["ProcessBatches", "Ticket"]
+
+Value = tuple[Output | None, dict[int, BaseException]]
+
+
+class Ticket:
+    """One whole batch handed to a worker: :meth:`wait` for it, then :meth:`result`."""
+
+    def __init__(self, owner: Any, rows: Rows, policy: Policy, timeout: float | None) -> None:
+        self.owner = owner
+        self.rows, self.policy, self.timeout = rows, policy, timeout
+        self.started: float | None = None  # when its worker could start it
+        self.busy: float | None = None  # seconds its worker took
+        self.transfer = 0.0  # seconds the parent took to receive it (unpickling, mapping)
+        self.crashed = False  # its worker died on it (the caller may isolate its rows)
+        self.cancelled = False
+        self.fn: Any = None  # the row function itself, where it need not travel (threads)
+        self.key = ""  # the row function's, where it travels by key (processes)
+        self.lane: Any = None  # the worker that holds it (processes)
+        self.seq = -1  # its number on that worker's pipe (processes)
+        self._done = threading.Event()
+        self._value: Value | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the batch is done, after waiting up to ``timeout`` seconds for it."""
+        return self.done() or self.owner.pump(self, timeout)
+
+    def result(self) -> Value:
+        """The output (None when every row failed) and the failed rows' errors; raises
+        the batch's error."""
+        while not self.wait(None):
+            pass
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+    def cancel(self) -> None:
+        """Nobody will take this result: its worker's reply is dropped when read."""
+        self.cancelled = True
+
+    def resolve(self, value: Value | None = None, error: BaseException | None = None) -> None:
+        """Its value or error, once: a batch abandoned at its deadline stays failed."""
+        if self._done.is_set():
+            return
+        self._value, self._error = value, error
+        self._done.set()
+
+    def settled(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds for someone to resolve it (no pumping)."""
+        return self._done.wait(timeout)
+
+    def left(self, now: float) -> float | None:
+        """Seconds before its deadline (None: no timeout, or not started)."""
+        if self.timeout is None or self.started is None:
+            return None
+        return self.timeout - (now - self.started)
+
+    def timed_out(self, what_now: str) -> BatchTimeout:
+        return BatchTimeout(
+            f"the batch of {len(self.rows)} rows did not finish within "
+            f"timeout={self.timeout} s; {what_now}"
+        )
+
+
+def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Value | None, BaseException | None]:
+    """A worker's reply (``_worker.run_chunk``'s, or a load error) as a value or an error."""
+    tag = reply[0]
+    if tag == "chunk":
+        _, _, _, output, failed = reply
+        errors: dict[int, BaseException] = {}
+        for error_reply in failed:
+            err = _worker.error_from_reply(error_reply)
+            assert isinstance(err, RowError)
+            errors[err.row] = err
+        return (output, errors), None
+    if tag == "load-error":
+        _, _, name, text, tb, blob = reply
+        err = FunctionLoadError(
+            f"a whole-batch worker could not load the row function {describe_fn(fn)} "
+            f"({name}: {text}). Workers start from a fresh interpreter and never run your "
+            f"main script, so what the function needs by name must be importable there; "
+            f"or use executor='threads'"
+        )
+        err.__cause__ = _worker.rebuild(blob, name, text, tb)
+        return None, err
+    return None, _worker.error_from_reply(reply)
+
+
+class _Lane:
+    """One worker process and the tickets sent to it, oldest first."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.tickets: deque[Ticket] = deque()
+        self.keys: set[str] = set()  # the row functions it holds
+
+
+class ProcessBatches:
+    """Worker processes that each build whole batches (see the module docstring)."""
+
+    name = "processes"
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._lanes: list[_Lane] = []
+        self._lock = threading.RLock()  # the lanes and their pipes: one reader at a time
+        self._seq = itertools.count()
+        self._fns: dict[str, tuple[Any, bytes]] = {}
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _new_worker(self) -> Worker:
+        return Worker(_spawn.context(), threads_per_worker(self.workers), target=_batch_worker.main)
+
+    def _ensure_started(self) -> None:
+        if len(self._lanes) < self.workers:
+            _spawn.ensure_server()
+            while len(self._lanes) < self.workers:
+                self._lanes.append(_Lane(self._new_worker()))
+        for lane in self._lanes:
+            if not lane.worker.proc.is_alive():  # died while idle (killed, OOM)
+                self._lost(lane)
+
+    @property
+    def pids(self) -> list[int]:
+        return [lane.worker.proc.pid for lane in self._lanes if lane.worker.proc.pid]
+
+    def close(self) -> None:
+        """Stop every worker (asked first, terminated if it does not listen); their
+        tickets fail. It is safe to call this several times."""
+        polite = self._lock.acquire(timeout=1.0)
+        try:
+            lanes, self._lanes = self._lanes, []
+            for lane in lanes:
+                with contextlib.suppress(OSError):
+                    _fdpipe.send(lane.worker.conn, ("close",))
+            for lane in lanes:
+                lane.worker.proc.join(1)
+                lane.worker.stop()
+                for t in lane.tickets:
+                    t.resolve(error=WorkerCrashed("the pool was closed with this batch in flight"))
+        finally:
+            if polite:
+                self._lock.release()
+
+    # ------------------------------------------------------------ submitting
+
+    def prepare(self, fn: Any) -> str:
+        """The key under which ``fn`` travels (pickled once, here: a stream's batches
+        all use the function as it was when the stream began)."""
+        blob = pickle_fn(fn)
+        key = hashlib.sha1(blob).hexdigest()
+        with self._lock:
+            self._fns[key] = (fn, blob)
+            while len(self._fns) > _batch_worker.KEEP:
+                del self._fns[next(iter(self._fns))]
+        return key
+
+    def submit(self, key: str, rows: Rows, policy: Policy, timeout: float | None) -> Ticket:
+        """Send the batch to the worker with the fewest batches in hand."""
+        ticket = Ticket(self, rows, policy, timeout)
+        ticket.key = key  # resent with it after a crash
+        with self._lock:
+            self._ensure_started()
+            lane = min(self._lanes, key=lambda lane: len(lane.tickets))
+            self._send(lane, ticket)
+        return ticket
+
+    def _send(self, lane: _Lane, ticket: Ticket) -> None:
+        key = ticket.key
+        if key not in lane.keys:
+            _fdpipe.send(lane.worker.conn, ("fn", key, self._fns[key][1]))
+            lane.keys.add(key)
+        ticket.lane, ticket.seq = lane, next(self._seq)
+        _fdpipe.send(lane.worker.conn, ("whole", ticket.seq, key, ticket.rows, ticket.policy))
+        if not lane.tickets:
+            ticket.started = time.monotonic()
+        lane.tickets.append(ticket)
+
+    # ------------------------------------------------------------ waiting
+
+    def pump(self, ticket: Ticket, timeout: float | None) -> bool:
+        """Read replies until ``ticket`` is done or ``timeout`` seconds have passed."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not ticket.done():
+                lane: _Lane = ticket.lane
+                now = time.monotonic()
+                head = lane.tickets[0] if lane.tickets else None
+                left = head.left(now) if head is not None else None
+                if left is not None and left <= 0:
+                    self._timed_out(lane)
+                    continue
+                waits = [x for x in (left, None if end is None else end - now) if x is not None]
+                wait = max(0.0, min(waits)) if waits else None
+                w = lane.worker
+                ready = connection.wait([w.conn, w.proc.sentinel], wait)
+                if w.conn in ready:
+                    t = time.perf_counter()
+                    try:
+                        msg = _fdpipe.recv(w.conn)
+                    except (EOFError, OSError, RuntimeError):  # RuntimeError: fds cut short
+                        self._lost(lane)
+                        continue
+                    self._receive(lane, msg, time.perf_counter() - t)
+                elif ready:
+                    self._lost(lane)
+                elif end is not None and time.monotonic() >= end:
+                    return False
+            return True
+
+    def _receive(self, lane: _Lane, msg: tuple[Any, ...], transfer: float) -> None:
+        _, seq, t0, t1, reply = msg
+        ticket = lane.tickets.popleft()
+        assert ticket.seq == seq, "a worker answers its batches in order"
+        if lane.tickets:
+            lane.tickets[0].started = time.monotonic()
+        if ticket.cancelled:
+            return  # read, so its shared memory is released; nobody wants it
+        ticket.busy, ticket.transfer = (t1 - t0 if t1 else None), transfer
+        value, error = value_of(reply, self._fns.get(ticket.key, (None,))[0])
+        ticket.resolve(value, error)
+
+    def _replace(self, lane: _Lane) -> list[Ticket]:
+        """A fresh worker in the lane's place; the tickets the old one held, oldest first."""
+        lane.worker.stop()
+        tickets, lane.tickets, lane.keys = list(lane.tickets), deque(), set()
+        lane.worker = self._new_worker()
+        return tickets
+
+    def _resend(self, lane: _Lane, tickets: list[Ticket]) -> None:
+        for t in tickets:
+            if not t.cancelled:
+                self._send(lane, t)
+
+    def _lost(self, lane: _Lane) -> None:
+        """The lane's worker died: its current batch fails, the others go to a new one."""
+        w = lane.worker
+        how, pid = w.how_it_died(), w.proc.pid
+        tickets = self._replace(lane)
+        if tickets:
+            head, rest = tickets[0], tickets[1:]
+            head.crashed = True
+            head.resolve(
+                error=WorkerCrashed(
+                    f"worker pid {pid} died with {how} while it built a batch of "
+                    f"{len(head.rows)} rows; likely causes: a segfault or abort in the row "
+                    f"function (or a library it calls), or the OS killed the worker for "
+                    f"memory (see dmesg). A new worker takes its place",
+                    pid=pid,
+                    exitcode=w.proc.exitcode,
+                    rows=(0, len(head.rows)),
+                )
+            )
+            self._resend(lane, rest)
+
+    def _timed_out(self, lane: _Lane) -> None:
+        tickets = self._replace(lane)
+        head, rest = tickets[0], tickets[1:]
+        head.resolve(
+            error=head.timed_out(
+                "its worker was terminated; a new one takes its place for the next batches"
+            )
+        )
+        self._resend(lane, rest)
+
+    def __repr__(self) -> str:
+        return f"<ProcessBatches workers={self.workers}>"

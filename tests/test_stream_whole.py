@@ -1,0 +1,493 @@
+"""Streams with several batches in flight: whole batches per worker (``strategy='whole'``),
+and ``auto``'s choice between that and splitting each batch (``prep._strategy``).
+
+Mechanics only, never speed: order, values against serial bit for bit, bounds,
+errors, crashes, timeouts and stopping, each bounded by a timeout and waiting on
+events or counters. The row functions live here, importable by the workers.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import prep
+from prep._strategy import StrategyFigures, StrategyPlan, check_strategy, choose_strategy
+from prep._stream import THREAD_NAME
+from tests import rowfns, statefns
+from tests.conftest import pool_children, wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: (pool executor, strategy): every way a stream can run its batches
+WAYS = [
+    ("serial", "split"),
+    ("threads", "split"),
+    ("threads", "whole"),
+    ("threads", "auto"),
+    ("processes", "split"),
+    ("processes", "whole"),
+    ("processes", "auto"),
+    ("auto", "auto"),
+    ("auto", "whole"),
+]
+WHOLE = [("threads", "whole"), ("processes", "whole")]
+
+
+def busy_threads() -> list[threading.Thread]:
+    return [
+        t for t in threading.enumerate() if t.name == THREAD_NAME or t.name.startswith("prep-batch")
+    ]
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left() -> Iterator[None]:
+    yield
+    assert wait_until(lambda: not [t for t in busy_threads() if t.name == THREAD_NAME])
+
+
+def batch(k: int, rows: int = 4) -> torch.Tensor:
+    """Batch k: rows 4k, 4k+1, ... (each row full of its number)."""
+    return torch.arange(k * rows, (k + 1) * rows, dtype=torch.float32)[:, None].repeat(1, 3)
+
+
+def even_batches_nap(row: torch.Tensor) -> torch.Tensor:
+    """Rows of even batches take a little longer, so that later batches finish first."""
+    if (int(row[0]) // 4) % 2 == 0:
+        time.sleep(0.005)
+    return row * 2 + 1
+
+
+def exit_on_9(row: torch.Tensor) -> torch.Tensor:
+    if int(row[0]) == 9:
+        os._exit(3)
+    return row * 2 + 1
+
+
+#: what a hanging row waits for (threads cannot be killed: the test lets it go at its end)
+RELEASE = threading.Event()
+
+
+def hang_on_13(row: torch.Tensor) -> torch.Tensor:
+    if int(row[0]) == 13:
+        RELEASE.wait(3600)
+    return row * 2 + 1
+
+
+def fail_on_9(row: torch.Tensor) -> torch.Tensor:
+    if int(row[0]) == 9:
+        raise ValueError("cannot handle 9")
+    return row * 2 + 1
+
+
+def tokens(sample: int) -> torch.Tensor:
+    return torch.arange(sample % 7 + 1) * sample
+
+
+# ------------------------------------------------------------------ order and values
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("executor", "strategy"), WAYS)
+def test_results_come_in_order_with_batches_in_flight(executor, strategy, no_leaks):
+    batches = [batch(k) for k in range(16)]
+    with prep.Pool(executor, workers=2) as pool:
+        outs = list(pool.imap(even_batches_nap, batches, strategy=strategy, prefetch=4))
+    assert len(outs) == 16
+    for out, b in zip(outs, batches):
+        assert torch.equal(out, b * 2 + 1)
+
+
+OPTIONS = [
+    {},
+    {"pad": -1, "return_lengths": True},
+    {"pad": 0, "pad_to": (9,)},
+    {"on_error": "fill", "fill": -7, "return_valid": True},
+    {"on_error": "skip", "return_valid": True},
+    {"pad": -1, "on_error": "fill", "return_lengths": True},
+]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def failing(sample: int) -> torch.Tensor:
+    if sample % 11 == 5:
+        raise ValueError(f"sample {sample} is bad")
+    return torch.tensor([sample, sample * sample])
+
+
+def ragged_failing(sample: int) -> torch.Tensor:
+    if sample % 11 == 5:
+        raise ValueError(f"sample {sample} is bad")
+    return tokens(sample)
+
+
+def square(sample: int) -> torch.Tensor:
+    return torch.tensor([sample, sample * sample])
+
+
+FNS = {(False, False): square, (True, False): tokens, (False, True): failing}
+FNS[True, True] = ragged_failing
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "plain")
+def test_whole_batches_equal_serial_bit_for_bit(executor, strategy, options):
+    batches = [list(range(k * 6, k * 6 + 6)) for k in range(8)]
+    fn = FNS["pad" in options, "on_error" in options]
+    warned = pytest.warns if options.get("on_error") else _nothing
+    with prep.Pool("serial") as ref_pool, warned():
+        want = [ref_pool.map_samples(fn, b, **options) for b in batches]
+    with prep.Pool(executor, workers=2) as pool, warned():
+        got = list(pool.imap_samples(fn, batches, strategy=strategy, **options))
+    assert len(got) == len(want)
+    assert all(_same(g, w) for g, w in zip(got, want))
+
+
+class _nothing:
+    def __enter__(self) -> None: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@pytest.mark.timeout(120)
+def test_tuple_dict_results_and_tensor_columns_equal_serial():
+    x = torch.arange(40.0).reshape(20, 2)
+    y = torch.arange(20.0)
+    batches = [(x[k : k + 5], y[k : k + 5]) for k in range(0, 20, 5)]
+    named = [{"x": a, "y": b} for a, b in batches]
+    with prep.Pool("processes", workers=2) as pool:
+        pairs = list(pool.imap(rowfns.pair, batches, strategy="whole"))
+        dicts = list(pool.imap(rowfns.named, named, strategy="whole"))
+    for (a, b), got in zip(batches, pairs):
+        assert _same(got, prep.map_rows(rowfns.pair, (a, b), executor="serial"))
+    for d, got in zip(named, dicts):
+        assert _same(got, prep.map_rows(rowfns.named, d, executor="serial"))
+
+
+@pytest.mark.timeout(120)
+def test_setup_state_is_built_once_per_worker_process_and_kept():
+    batches = [batch(k) for k in range(12)]
+    with prep.Pool("processes", workers=2, setup=statefns.make_tracked) as pool:
+        outs = list(pool.imap(statefns.where, batches, strategy="whole", prefetch=4))
+        whole_pids = set(pool._whole["processes"].pids)
+    seen = {(int(o[0]), int(o[2])) for out in outs for o in out}
+    pids = {pid for pid, _ in seen}
+    assert pids <= whole_pids and os.getpid() not in pids
+    assert len(seen) == len(pids)  # one state per worker process, for every batch
+    values = torch.cat([out[:, 3] for out in outs])
+    assert values.tolist() == list(range(48))
+
+
+# ------------------------------------------------------------------ bounds
+
+
+class Source:
+    """Batches 0..n-1, counting how far the pulls ran ahead of the consumer."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pulled, self.asked, self.most_ahead = n, 0, 0, 0
+
+    def __iter__(self) -> Source:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.pulled == self.n:
+            raise StopIteration
+        self.pulled += 1
+        self.most_ahead = max(self.most_ahead, self.pulled - self.asked)
+        return batch(self.pulled - 1)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_at_most_prefetch_batches_in_flight_and_nothing_kept(executor, strategy, prefetch):
+    source = Source(10)
+    refs = []
+    with prep.Pool(executor, workers=2) as pool:
+        stream = pool.imap(rowfns.affine, source, strategy=strategy, prefetch=prefetch)
+        for k in range(10):
+            source.asked += 1
+            out = next(stream)
+            assert torch.equal(out, batch(k) * 2 + 1)
+            target = min(10, k + 1 + prefetch)
+            assert wait_until(lambda: source.pulled == target)  # noqa: B023
+            assert source.pulled <= k + 1 + prefetch
+            refs.append(weakref.ref(out))
+            del out
+        with pytest.raises(StopIteration):
+            next(stream)
+        gc.collect()
+        assert wait_until(lambda: all(r() is None for r in refs))  # the stream keeps none
+    assert source.most_ahead <= prefetch
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+def test_an_error_in_batch_k_leaves_the_next_batches_intact(executor, strategy):
+    source = Source(12)
+    got = []
+    with prep.Pool(executor, workers=2) as pool:
+        with pytest.raises(prep.RowError, match="row 1: ValueError: cannot handle 9"):
+            for out in pool.imap(fail_on_9, source, strategy=strategy, prefetch=4):
+                got.append(out)
+        assert [torch.equal(o, batch(k) * 2 + 1) for k, o in enumerate(got)] == [True] * 2
+        assert source.pulled <= 2 + 1 + 4  # batch 2 failed; at most prefetch after it began
+        # the same pool, a new stream: nothing left over from the batches in flight
+        again = list(pool.imap(rowfns.affine, [batch(k) for k in range(6)], strategy=strategy))
+    assert all(torch.equal(o, batch(k) * 2 + 1) for k, o in enumerate(again))
+
+
+@pytest.mark.timeout(120)
+def test_a_crashed_worker_fails_its_batch_and_the_pool_goes_on(no_leaks):
+    got = []
+    with prep.Pool("processes", workers=2) as pool:
+        with pytest.raises(prep.WorkerCrashed, match="died with exit code 3"):
+            for out in pool.imap(exit_on_9, Source(10), strategy="whole", prefetch=4):
+                got.append(out)
+        assert len(got) == 2
+        again = list(pool.imap(rowfns.affine, [batch(k) for k in range(6)], strategy="whole"))
+    assert all(torch.equal(o, batch(k) * 2 + 1) for k, o in enumerate(again))
+
+
+@pytest.mark.timeout(120)
+def test_a_crashed_worker_under_fill_is_one_failed_row(no_leaks):
+    warned = pytest.warns(RuntimeWarning, match="1 of 4 rows failed")
+    with prep.Pool("processes", workers=2) as pool, warned:
+        outs = list(pool.imap(exit_on_9, Source(8), strategy="whole", prefetch=4, on_error="fill"))
+    assert len(outs) == 8
+    for k, out in enumerate(outs):
+        want = batch(k) * 2 + 1
+        if k == 2:
+            want[1] = 0  # row 9 killed its worker alone: filled
+        assert torch.equal(out, want)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+def test_a_timeout_mid_stream(executor, strategy, no_leaks):
+    got = []
+    RELEASE.clear()
+    try:
+        with prep.Pool(executor, workers=2, timeout=5) as pool:
+            with pytest.raises(prep.BatchTimeout, match="timeout=5"):
+                for out in pool.imap(hang_on_13, Source(10), strategy=strategy, prefetch=4):
+                    got.append(out)
+            assert len(got) == 3
+            again = list(pool.imap(rowfns.affine, [batch(k) for k in range(4)], strategy=strategy))
+    finally:
+        RELEASE.set()  # the abandoned thread's row returns; the thread retires
+    assert all(torch.equal(o, batch(k) * 2 + 1) for k, o in enumerate(again))
+    assert wait_until(lambda: not busy_threads())
+
+
+# ------------------------------------------------------------------ stopping
+
+
+def _stop_after_two(how: str, pool: prep.Pool, source: Source) -> None:
+    stream = pool.imap(even_batches_nap, source, strategy="whole", prefetch=4)
+    if how == "break":
+        for k, _ in enumerate(stream):
+            if k == 1:
+                break
+        del stream
+    else:
+        next(stream), next(stream)
+        if how == "close":
+            stream.close()
+        else:
+            del stream
+            gc.collect()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+@pytest.mark.parametrize("how", ["break", "close", "del"])
+def test_stopping_with_batches_in_flight_leaves_nothing(executor, strategy, how, no_leaks):
+    source = Source(100)
+    with prep.Pool(executor, workers=2) as pool:
+        _stop_after_two(how, pool, source)
+        assert wait_until(lambda: not [t for t in busy_threads() if t.name == THREAD_NAME])
+        assert source.pulled <= 2 + 4
+        # the pool serves a new stream at once, its answers not mixed with the dropped ones
+        again = list(pool.imap(rowfns.affine, [batch(k) for k in range(6)], strategy=strategy))
+    assert all(torch.equal(o, batch(k) * 2 + 1) for k, o in enumerate(again))
+    assert wait_until(lambda: not busy_threads())
+    assert wait_until(lambda: not pool_children())
+
+
+CTRL_C = """
+    import os, signal, sys, threading, time
+    sys.path.insert(0, {root!r})
+    import torch, prep
+
+    def left():
+        return [t.name for t in threading.enumerate()
+                if t.name == "prep-imap" or t.name.startswith("prep-batch")]
+
+    def batches():
+        for k in range(10_000):
+            yield torch.full((8, 2), float(k))
+
+    with prep.Pool({executor!r}, workers=2) as pool:
+        try:
+            for seen, out in enumerate(pool.imap(lambda r: r * 2, batches(), strategy="whole")):
+                if seen == 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(30)
+        except KeyboardInterrupt:
+            pass
+    end = time.monotonic() + 20
+    while left() and time.monotonic() < end:
+        time.sleep(0.05)
+    print("OK" if not left() else left(), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_ctrl_c_with_whole_batches_in_flight(executor):
+    code = textwrap.dedent(CTRL_C.format(root=ROOT, executor=executor))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().split("\n")[-1] == "OK", done.stdout + done.stderr
+
+
+SCRIPT = """
+    import sys
+    sys.path.insert(0, {root!r})
+    import torch, prep
+
+    print("main ran", flush=True)  # workers never run this: it prints once
+    scale = 3
+
+    def times_scale(row):
+        return row * scale
+
+    batches = [torch.full((5, 2), float(k)) for k in range(8)]
+    pool = prep.Pool("processes", workers=2)
+    a = list(pool.imap(times_scale, batches, strategy="whole"))
+    b = list(pool.imap(lambda r: r + scale, batches, strategy="whole"))
+    ok = all(torch.equal(x, k * 3 * torch.ones(5, 2)) for k, x in enumerate(a))
+    ok = ok and all(torch.equal(x, (k + 3) * torch.ones(5, 2)) for k, x in enumerate(b))
+    pool.close()
+    print("OK" if ok else "WRONG", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_row_function_in_an_unguarded_main_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(root=ROOT)))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=90, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["main", "ran", "OK"], done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------ choosing
+
+
+def test_choose_whole_when_it_beats_split_by_the_margin():
+    f = StrategyFigures(workers=2, split=10_000, whole_worker=8_000, whole_take=100_000)
+    choice = choose_strategy(f)
+    assert choice.strategy == "whole"
+    assert re.search(
+        r"16,000 rows/s .*1\.60x splitting each batch \(10,000 rows/s\)", choice.reason
+    )
+
+
+@pytest.mark.parametrize(
+    ("split", "worker", "take", "expected"),
+    [
+        (10_000, 5_100, 100_000, "split"),  # 10,200 < 1.05 x 10,000
+        (10_000, 8_000, 9_000, "split"),  # the stream's thread cannot take them faster
+        (10_000, 8_000, 12_000, "whole"),
+        (None, 8_000, 12_000, "whole"),
+        (10_000, None, None, "split"),
+    ],
+)
+def test_choose_from_injected_figures(split, worker, take, expected):
+    f = StrategyFigures(workers=2, split=split, whole_worker=worker, whole_take=take)
+    assert choose_strategy(f).strategy == expected
+
+
+def test_the_plan_trials_split_then_whole_then_keeps_its_choice():
+    plan = StrategyPlan("auto", workers=2)
+    order = []
+    for _ in range(plan.SPLIT_TRIAL):
+        order.append(plan.next())
+        plan.split_ran(100, 0.01)  # 10,000 rows/s (the first is not counted)
+    while plan.choice is None:
+        order.append(plan.next())
+        plan.whole_taken(100, busy=0.0125, take=0.001)  # 8,000 a worker, 100,000 taken
+    assert order[: plan.SPLIT_TRIAL] == ["split"] * plan.SPLIT_TRIAL
+    assert set(order[plan.SPLIT_TRIAL :]) == {"whole"}
+    assert len(order) == plan.SPLIT_TRIAL + plan.workers + plan.whole_trial
+    assert plan.choice.strategy == "whole" and plan.next() == "whole"
+    assert "chose whole" in plan.describe()
+
+
+def test_explain_says_which_strategy_a_stream_took():
+    with prep.Pool("threads", workers=2) as pool:
+        list(pool.imap(rowfns.affine, [batch(k) for k in range(20)], strategy="auto"))
+        text = pool.explain()
+    assert re.search(r"stream: strategy='auto' chose (whole|split): ", text), text
+
+
+@pytest.mark.parametrize(
+    ("strategy", "executor", "prefetch", "match"),
+    [
+        ("fast", "threads", 2, r"strategy='fast' is not one of 'split', 'whole', 'auto'"),
+        ("whole", "serial", 2, r"executor='serial' has no workers .* or strategy='split'"),
+        ("whole", "threads", 0, r"prefetch=0 runs each batch in your loop's thread"),
+    ],
+)
+def test_a_bad_strategy_says_what_to_pass(strategy, executor, prefetch, match):
+    with pytest.raises(prep.ConfigError, match=match):
+        check_strategy(strategy, executor, 2, prefetch)
+    with prep.Pool(executor, workers=2) as pool, pytest.raises(prep.ConfigError, match=match):
+        pool.imap(rowfns.affine, [batch(0)], strategy=strategy, prefetch=prefetch)
+
+
+def test_auto_is_split_where_whole_batches_cannot_help():
+    assert check_strategy("auto", "serial", 4, 8) == "split"
+    assert check_strategy("auto", "vectorized", 4, 8) == "split"
+    assert check_strategy("auto", "processes", 1, 8) == "split"
+    assert check_strategy("auto", "processes", 4, 1) == "split"
+    assert check_strategy("auto", "processes", 4, 8) == "auto"
+
+
+def test_batches_must_be_an_iterable():
+    with (
+        prep.Pool("threads", workers=2) as pool,
+        pytest.raises(TypeError, match=r"^batches must be an iterable .*got int 5$"),
+    ):
+        pool.imap(rowfns.affine, 5)
