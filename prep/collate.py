@@ -24,13 +24,13 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ._batch import Returns
-from ._checks import check_device
+from ._checks import call_problem, check_device, describe_callable
 from ._output import Result, flatten
 from ._policy import Policy
 from .api import AUTO
@@ -94,6 +94,7 @@ class Collate:
         self._pool: Pool | None = None
         self._pid: int | None = None
         self._warned_device = False
+        self._checked: set[tuple[Any, str]] = set()  # batch layouts fn was checked against
 
     def _get_pool(self) -> Pool:
         # a pool belongs to the process that made it: a forked DataLoader worker gets a
@@ -118,7 +119,9 @@ class Collate:
     def __call__(self, samples: Sequence[Any]) -> Result:
         pool = self._get_pool()
         if self.collate is not None:
-            result = pool.map_rows(self.fn, self.collate(list(samples)), **self.options)
+            batch = self.collate(list(samples))
+            self._check_rows_of(batch)
+            result = pool.map_rows(self.fn, batch, **self.options)
         else:
             result = pool.map_samples(self.fn, samples, **self.options)
         in_worker = in_worker_process()
@@ -140,6 +143,37 @@ class Collate:
             extras = ("return_lengths", "return_valid", "return_errors")
             result = _pinned(result, extras=any(self.options[k] for k in extras))
         return result
+
+    @property
+    def _state(self) -> dict[str, Any]:
+        return {"state": None} if self.setup is not None else {}
+
+    def _check_rows_of(self, batch: Any) -> None:
+        """With ``collate=``, ``fn`` runs on the rows of the collated batch as map_rows
+        calls it: ``fn(**row)`` for a dict, ``fn(*row)`` for a tuple. Without it, ``fn``
+        gets each sample whole: a TypeError that says so, before any row, where the
+        function cannot take the row that way."""
+        if isinstance(batch, Mapping):
+            keys = tuple(batch)
+            if (keys, "dict") in self._checked:
+                return
+            problem = call_problem(self.fn, 0, keys, **self._state)
+            how, shape = f"fn({', '.join(f'{k}=...' for k in keys)})", f"a dict {list(keys)}"
+        elif isinstance(batch, (tuple, list)):
+            if (len(batch), "tuple") in self._checked:
+                return
+            problem = call_problem(self.fn, len(batch), **self._state)
+            how, shape = f"fn({', '.join(['...'] * len(batch))})", f"a {len(batch)}-tuple"
+        else:
+            return
+        if problem is not None:
+            raise TypeError(
+                f"Collate({describe_callable(self.fn)}, collate=...): the collated batch is "
+                f"{shape}, so the function runs on each of its rows as map_rows does, "
+                f"{how}, and that call fails: {problem}. Give the function those "
+                f"parameters, or leave out collate= to have it take each sample whole"
+            )
+        self._checked.add((keys, "dict") if isinstance(batch, Mapping) else (len(batch), "tuple"))
 
     def close(self) -> None:
         """Stop the warm pool. It is safe to call this several times."""

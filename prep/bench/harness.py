@@ -43,7 +43,7 @@ from .libraries import call, is_samples, unavailable
 from .peers import PEERS, PeerGroup, first_call, session
 from .results import Cell, Results, Startup, breakdown
 from .timing import Timing, interleaved
-from .verify import Guard, check, nbytes, text
+from .verify import Guard, check, nbytes, status_of, text
 from .workloads import Workload, noop
 
 __all__ = ["run"]
@@ -251,7 +251,7 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
                 variants[name], g.reference, naive_rows if name == PLAIN_JOBLIB else g.rows
             )
             if error:
-                g.put(name, "failed", error)
+                g.put(name, status_of(error), error)  # vmap refusing a function is expected
                 del variants[name]
         firsts = _first_calls(g, variants, peers)
         timings = _timed(g, variants)

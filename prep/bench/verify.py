@@ -13,8 +13,12 @@ from typing import Any
 import torch
 
 from .._output import flatten
+from ..errors import VmapUnsupported
 
-__all__ = ["Guard", "check", "leaves", "nbytes", "text"]
+#: refusals that are expected, not findings: a cell with one is skipped, with the reason
+EXPECTED = (VmapUnsupported,)
+
+__all__ = ["Guard", "check", "leaves", "nbytes", "status_of", "text"]
 
 
 def check(
@@ -67,6 +71,14 @@ def leaves(value: Any) -> list[torch.Tensor]:
 def nbytes(value: Any) -> int:
     """Bytes of the storages behind ``value``'s tensors (what pickling a view ships)."""
     return sum(t.untyped_storage().nbytes() for t in leaves(value))
+
+
+def status_of(error: str) -> str:
+    """A variant's cell status for the error text :func:`check` gave: ``skipped`` where
+    prep refused what it is known not to do (vmap of a function that reads values), with
+    the reason; ``failed`` for anything else (a finding)."""
+    expected = any(error.startswith(f"{cls.__name__}:") for cls in EXPECTED)
+    return "skipped" if expected else "failed"
 
 
 def text(exc: BaseException) -> str:

@@ -11,6 +11,8 @@ alone appends to the manifest. Workers must be able to import prep and the
 from __future__ import annotations
 
 import queue
+import shutil
+import tempfile
 from typing import Any
 
 from ..errors import ConfigError
@@ -41,10 +43,18 @@ class DaskBackend:
                 f"install it with: {INSTALL}"
             ) from None
         self._cluster: Any = None
+        self._scratch: str | None = None
         if address == "local":
             n = jobs or min(available_cores(), LOCAL_WORKERS)
+            # the workers' scratch folder is ours, removed on close: by default Dask
+            # leaves a dask-scratch-space folder in the temp folder behind
+            self._scratch = tempfile.mkdtemp(prefix="prep-dask-")
             self._cluster = LocalCluster(
-                n_workers=n, processes=True, threads_per_worker=1, dashboard_address=None
+                n_workers=n,
+                processes=True,
+                threads_per_worker=1,
+                dashboard_address=None,
+                local_directory=self._scratch,
             )
             self.client: Any = Client(self._cluster)
             # n workers x torch's default (all cores) would oversubscribe the machine
@@ -85,7 +95,12 @@ class DaskBackend:
             self.close()
 
     def close(self) -> None:
-        self.client.close()
-        if self._cluster is not None:
-            self._cluster.close()
-            self._cluster = None
+        try:
+            self.client.close()
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+        finally:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None

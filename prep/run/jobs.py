@@ -46,7 +46,7 @@ from .progress import Progress, Summary
 from .rows import check_rows
 from .shards import FORMATS, find_shards
 from .signals import shielded
-from .task import RunConfig, ShardTask, load_fn
+from .task import RunConfig, ShardTask, check_call, check_first_shard
 from .temps import remove_stale_temps
 
 __all__ = ["LOCAL_JOBS", "ON_ERROR", "Backend", "run_shards"]
@@ -89,7 +89,7 @@ def _check(config: RunConfig, jobs: int | None, on_error: str) -> None:
     executor_class(config.executor)  # raises ConfigError naming the choices
     check_rows(config)
     check_device(config.device)  # a CUDA device where torch has none fails here, not per shard
-    load_fn(config.fn)  # fail before any work when the function cannot be imported
+    check_call(config)  # fail before any work when the function cannot be imported or called
     try:
         json.dumps(config.recipe())
     except (TypeError, ValueError):
@@ -186,6 +186,7 @@ def _plan(
 ) -> tuple[Manifest, deque[ShardTask], Summary, list[Path]]:
     """The manifest, the shards still to do, the summary so far and the stale temps removed."""
     shards = find_shards(inputs)
+    check_first_shard(config, shards[0].path)  # before --out is made or any shard runs
     _prepare_out(folder, inputs)
     manifest = Manifest(folder)
     previous = manifest.entries()
@@ -237,7 +238,9 @@ def _drive(
         summary.abandoned = in_flight
         if isinstance(outcome, BaseException):
             _record_failure(task, outcome, progress, summary)
-            stopping = stopping or on_error == "stop"
+            # a setting that cannot work (the function cannot be called on these
+            # columns) fails every shard alike: stop whatever --on-error says
+            stopping = stopping or on_error == "stop" or isinstance(outcome, ConfigError)
         else:
             manifest.append(outcome)
             summary.done += 1
@@ -255,9 +258,9 @@ def _record_failure(
 ) -> None:
     # the one-line error for the progress and the summary, and the whole traceback,
     # or a bug (in prep or the function) would leave no trace of where it happened;
-    # a ShardError with no cause is prep's complete verdict on the file
+    # a ShardError or ConfigError with no cause is prep's complete verdict
     error = f"{type(exc).__name__}: {exc}"
     summary.failed.append((task.source.rel, error))
-    if not (isinstance(exc, ShardError) and exc.__cause__ is None):
+    if not (isinstance(exc, (ShardError, ConfigError)) and exc.__cause__ is None):
         summary.tracebacks[task.source.rel] = "".join(traceback.format_exception(exc))
     progress.failed(task.source.rel, error)

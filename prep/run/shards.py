@@ -118,7 +118,11 @@ def load_shard(path: Path, *, trust_pickle: bool = False) -> dict[str, Tensor]:
     except FileNotFoundError:
         raise ShardError(f"{path}: the file disappeared before it was read") from None
     except Exception as exc:
-        raise ShardError(f"{path}: cannot be read as a shard ({_why(exc, trust_pickle)})") from exc
+        why = _why(exc, trust_pickle)
+        error = ShardError(f"{path}: cannot be read as a shard ({why})")
+        if why.startswith(_UNSAFE):
+            raise error from None  # the whole verdict: torch's long advice adds nothing
+        raise error from exc
     if not isinstance(tensors, Mapping):
         raise ShardError(
             f"{path}: holds a {type(tensors).__name__}, expected a dict of named tensors"
@@ -138,18 +142,48 @@ def load_shard(path: Path, *, trust_pickle: bool = False) -> dict[str, Tensor]:
     return dict(tensors)
 
 
+#: how the two formats torch.save writes begin: a zip archive (a truncated one is still
+#: told apart by torch.load), and a pickle of protocol 2 or later (the legacy format)
+_STARTS = (b"PK", b"\x80")
+
+
 def _load_pt(path: Path, trust_pickle: bool) -> Any:
     # mmap maps the file instead of reading it: an op that reads a few positions
     # per row then touches only those pages. Only zip-format files can be mapped.
     mmap = zipfile.is_zipfile(path)
+    if not mmap:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if not head.startswith(_STARTS):
+            # neither format torch.save writes: damaged, or another kind of file. Said
+            # before torch.load, whose weights_only refusal would read as "unsafe" and
+            # whose unpickler, trusted, fails on garbage with unrelated errors
+            what = "is empty" if not head else f"starts with {head!r}"
+            raise ShardError(
+                f"{path}: cannot be read as a shard (it {what}: neither a zip archive nor "
+                f"a pickle, so not a torch.save file; it is damaged or of another format, "
+                f"and --trust-pickle cannot help). Rewrite it with torch.save or safetensors"
+            )
     return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=mmap)
+
+
+_UNSAFE = "its pickle holds objects"
 
 
 def _why(exc: Exception, trust_pickle: bool) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if not trust_pickle and "Weights only load failed" in str(exc):
+        if "Unsupported global" not in str(exc):
+            # the unpickler stopped on bytes it could not read, not on an unsafe object
+            after = str(exc).partition("WeightsUnpickler error:")[2].strip()
+            detail = after.splitlines()[0] if after else text
+            return (
+                f"its pickle cannot be read ({detail}): the file is damaged, or a pickle "
+                f"torch.save did not write; only if you trust its source, --trust-pickle "
+                f"reads it without the safety check"
+            )
         return (
-            "its pickle holds objects other than tensors and containers, which "
+            f"{_UNSAFE} other than tensors and containers, which "
             "torch.load(weights_only=True) refuses; if you trust the file's source, "
             "pass --trust-pickle"
         )

@@ -26,10 +26,11 @@ import torch
 from torch import Tensor
 
 from .. import __version__
+from .._checks import call_problem, signature
 from .._imports import load_callable
 from ..api import explain, map_rows
 from ..auto import Calibration
-from ..errors import Cancelled, RowError, ShardError
+from ..errors import Cancelled, ConfigError, RowError, ShardError
 from ..pool import Pool
 from .manifest import SCHEMA
 from .rows import (
@@ -43,7 +44,15 @@ from .rows import (
 from .shards import ShardFile, find_shards, load_shard, save_shard
 from .temps import Temps
 
-__all__ = ["RunConfig", "ShardTask", "explain_first_shard", "load_fn", "run_shard"]
+__all__ = [
+    "RunConfig",
+    "ShardTask",
+    "check_call",
+    "check_first_shard",
+    "explain_first_shard",
+    "load_fn",
+    "run_shard",
+]
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,56 @@ class ShardTask:
 def load_fn(spec: str) -> Callable[..., Any]:
     """Import ``module:function`` for ``--fn`` (the function may be dotted)."""
     return load_callable(spec, "--fn")
+
+
+def check_call(config: RunConfig, columns: Iterable[str] | None = None) -> None:
+    """A ConfigError, before any row runs, if ``--fn`` cannot be called on a row as
+    ``prep run`` calls it: ``--arg`` by name, the row's tensors positionally
+    (``--columns``) or by name (``columns``, a shard's names), ``state=`` with
+    ``--setup``. Where the names are not known yet (no shard read), only what
+    ``--arg`` gives is checked: a name the function does not take."""
+    fn = load_fn(config.fn)
+    given = dict(config.args) | ({"state": None} if config.setup else {})
+    if config.columns is not None:
+        problem = call_problem(fn, len(config.columns), **given)
+        call = ", ".join([*config.columns, *(f"{k}=..." for k in given)])
+    elif columns is not None:
+        names = [c for c in columns if c not in given]
+        problem = call_problem(fn, 0, names, **given)
+        call = ", ".join(f"{k}=..." for k in [*names, *given])
+    else:
+        problem = _unknown_args(fn, given)
+        call = ", ".join(["<columns>", *(f"{k}=..." for k in given)])
+    if problem is not None:
+        raise ConfigError(
+            f"--fn {config.fn} cannot be called as prep run calls it on every row, "
+            f"fn({call}): {problem}; pass the function's other arguments with --arg "
+            f"NAME=VALUE, and choose the row's tensors with --columns"
+        )
+
+
+def check_first_shard(config: RunConfig, path: Path) -> None:
+    """:func:`check_call` with the names of the first shard's tensors (read, not
+    computed on), so that a call that cannot work fails once, before any shard runs.
+    A shard that cannot be read is left to its own run to report."""
+    if config.columns is not None:
+        return
+    try:
+        names = list(load_shard(path, trust_pickle=config.trust_pickle))
+    except ShardError:
+        return
+    check_call(config, names)
+
+
+def _unknown_args(fn: Callable[..., Any], given: Mapping[str, Any]) -> str | None:
+    sig = signature(fn)
+    if sig is None:
+        return None
+    try:
+        sig.bind_partial(**given)
+    except TypeError as exc:
+        return str(exc)
+    return None
 
 
 def _bound(spec: str, args: Mapping[str, Any]) -> Callable[..., Any]:
@@ -169,6 +228,8 @@ def run_shard(
     before = _stat(src.path)
     tensors = load_shard(src.path, trust_pickle=config.trust_pickle)
     batch, rows = _batch(tensors, config.columns, src.path)
+    if config.columns is None:  # the row's tensors go by their names in this shard
+        check_call(config, list(batch))
     fn = _bound(config.fn, config.args)
     if config.device is not None and torch.device(config.device).type != "cpu":
         # compute where the result is wanted: the batched twin then runs on the GPU
