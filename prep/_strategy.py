@@ -21,6 +21,7 @@ The figures are rates in rows per second, each the median over a few batches:
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -130,11 +131,15 @@ class StrategyPlan:
     """Which strategy each batch of one stream takes. Fixed, or ``auto``: the first
     batches split (the first one untimed: auto's calibration, a pool's start), then
     whole batches (the first ``workers`` untimed: each worker's start and setup=),
-    then :func:`choose_strategy` on the medians, kept for the rest of the stream."""
+    then :func:`choose_strategy` on the medians, kept for the rest of the stream and
+    handed to ``remember`` (the pool starts its next stream of the same function and
+    options with it: ``kept``)."""
 
     strategy: str
     workers: int
-    SPLIT_TRIAL = 4
+    kept: StrategyChoice | None = None
+    remember: Callable[[StrategyChoice], None] | None = None
+    SPLIT_TRIAL = 3
     split_rates: list[float] = field(default_factory=list)
     worker_rates: list[float] = field(default_factory=list)
     take_rates: list[float] = field(default_factory=list)
@@ -142,10 +147,13 @@ class StrategyPlan:
     taken_whole: int = 0
     choice: StrategyChoice | None = None
 
+    def __post_init__(self) -> None:
+        self.choice = self.kept
+
     @property
     def whole_trial(self) -> int:
         """Whole batches timed before the choice (after ``workers`` untimed ones)."""
-        return self.workers + 3
+        return 3
 
     def next(self) -> str:
         """The strategy of the next batch submitted."""
@@ -174,6 +182,8 @@ class StrategyPlan:
             and len(self.worker_rates) >= self.whole_trial
         ):
             self.choice = choose_strategy(self.figures())
+            if self.remember is not None:
+                self.remember(self.choice)
 
     def figures(self) -> StrategyFigures:
         return StrategyFigures(
@@ -194,4 +204,7 @@ class StrategyPlan:
                 f"it needs {self.SPLIT_TRIAL} split and {self.workers + self.whole_trial} "
                 f"whole batches"
             )
-        return f"stream: strategy='auto' chose {self.choice.strategy}: {self.choice.reason}"
+        how = (
+            "kept from an earlier stream of this function" if self.choice is self.kept else "chose"
+        )
+        return f"stream: strategy='auto' {how} {self.choice.strategy}: {self.choice.reason}"
