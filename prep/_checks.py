@@ -88,8 +88,8 @@ def check_fn(fn: Any, data: Any, call: str, data_name: str) -> None:
             f"are swapped; call {call}(fn, {data_name}), the row function first"
         )
     raise TypeError(
-        f"fn={_short(fn)} is a {type(fn).__name__}, not a function; {call} takes the row "
-        f"function first: {call}(fn, {data_name})"
+        f"fn={_short(fn)} is not a function but a {type(fn).__name__}; {call} takes the "
+        f"row function first: {call}(fn, {data_name})"
     )
 
 

@@ -49,13 +49,18 @@ class DaskBackend:
             # the workers' scratch folder is ours, removed on close: by default Dask
             # leaves a dask-scratch-space folder in the temp folder behind
             self._scratch = tempfile.mkdtemp(prefix="prep-dask-")
-            self._cluster = LocalCluster(
-                n_workers=n,
-                processes=True,
-                threads_per_worker=1,
-                dashboard_address=None,
-                local_directory=self._scratch,
-            )
+            import dask.config
+
+            # the scheduler here and the workers (local_directory) both make their
+            # scratch folders in it
+            with dask.config.set({"temporary-directory": self._scratch}):
+                self._cluster = LocalCluster(
+                    n_workers=n,
+                    processes=True,
+                    threads_per_worker=1,
+                    dashboard_address=None,
+                    local_directory=self._scratch,
+                )
             self.client: Any = Client(self._cluster)
             # n workers x torch's default (all cores) would oversubscribe the machine
             self.client.run(_set_threads, threads_per_worker(n))
