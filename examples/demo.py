@@ -62,6 +62,7 @@ def sorted_quantiles(values: torch.Tensor, length: torch.Tensor) -> torch.Tensor
 class Case:
     """A row function, a batch for it, the executors to time, and the one expected to win."""
 
+    name: str
     title: str
     fn: Callable[..., Any]
     batch: Any
@@ -83,6 +84,7 @@ def cases(scale: float = 1.0) -> list[Case]:
     x, mask = side_context_batch(rows(256), 64, 16)
     return [
         Case(
+            "pure Python",
             f"pure Python that holds the GIL: {rows(64)} rows, a {iters:,}-step loop each",
             functools.partial(python_work, iters=iters),
             torch.arange(rows(64), dtype=torch.float32).view(-1, 1) + 1,
@@ -91,6 +93,7 @@ def cases(scale: float = 1.0) -> list[Case]:
             "only separate processes run Python in parallel; threads take turns on the GIL",
         ),
         Case(
+            "torch sort",
             f"a torch op that releases the GIL: sort {rows(32)} rows of {values:,} floats, "
             f"each cut to its own length",
             sorted_quantiles,
@@ -100,6 +103,7 @@ def cases(scale: float = 1.0) -> list[Case]:
             "torch.sort runs without the GIL, so threads run it in parallel with no copies",
         ),
         Case(
+            "light op",
             f"a light op with a batched twin: left context of {rows(256)} rows of [64, 16]",
             functools.partial(side_context_row, max_len=16),
             (x, mask),
@@ -162,7 +166,7 @@ def against(base: float, t: float) -> str:
 def busy_reason(load: float, cores: int) -> str | None:
     """Why the machine is too busy for timings to mean much, or None."""
     if load > cores:
-        return f"the load average is {load:.1f} on {cores} cores: other work is competing"
+        return f"load average {load:.1f} on {cores} cores"
     return None
 
 
@@ -181,20 +185,16 @@ def verdict(stats: dict[str, Stat], busy: str | None = None) -> Verdict:
     second = ranked[1]
     b, s = stats[best], stats[second]
     gap = s.median / b.median if b.median > 0 else float("inf")
-    noisy = max(b.spread, s.spread) > MAX_SPREAD
-    if busy or noisy:
-        why = busy or (
-            f"repeats spread {max(b.spread, s.spread):.0%} of their median "
-            f"(over {MAX_SPREAD:.0%}): other work is competing"
-        )
-        return Verdict(
-            None, f"too busy to tell: {why}; fastest this time was {best}, not a verdict"
-        )
+    spread = max(b.spread, s.spread)
+    if busy is None and spread > MAX_SPREAD:
+        busy = f"repeats spread {spread:.0%} of their median, over {MAX_SPREAD:.0%}"
+    if busy:
+        return Verdict(None, f"too busy to tell ({busy}); fastest this time: {best}")
     if gap < MIN_GAP or b.q3 >= s.q1:
         return Verdict(
             None,
-            f"too close to call: {best} and {second} are within {times(gap)} of each other "
-            f"(a winner needs {times(MIN_GAP)} and repeats that do not overlap)",
+            f"too close to call: {best} is {gap:.2f}x {second}'s speed "
+            f"(a winner needs {MIN_GAP}x, and repeats that do not overlap)",
         )
     return Verdict(best, f"{best} wins, {times(gap)} faster than {second}, the next best")
 
@@ -265,7 +265,10 @@ def who_wins(scale: float = 1.0, repeat: int = 15) -> list[Result]:
         f"{repeat} interleaved repeats each)\n"
     )
     if busy:
-        print(f"   Note: {busy}; the figures below are not a measurement.\n")
+        print(
+            f"   The machine is busy ({busy}): other work competes for the cores, so the\n"
+            f"   figures below are not a measurement, and no winner is named from them.\n"
+        )
     names = sorted({name for case in cases(scale) for name in case.executors})
     pools = {name: prep.Pool(name, workers=WORKERS) for name in names}
     results = []
@@ -451,12 +454,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         shards()
     finally:
         prep.shutdown()
-    told = [r.verdict.winner for r in results]
-    summary = ", ".join(f"{w or 'no verdict'}" for w in told)
-    print(
-        f"Winners: {summary}; {time.perf_counter() - began:.0f} s, "
-        f"load average now {load_average():.1f} (this demo's own work included)"
-    )
+    told = "; ".join(f"{r.case.name}: {r.verdict.winner or 'none named'}" for r in results)
+    print(f"Winners ({told}); {time.perf_counter() - began:.0f} s in all.")
+    if all(r.verdict.winner is None for r in results):
+        print("No winner could be told apart from the noise: run it again on an idle machine.")
     return 0
 
 
