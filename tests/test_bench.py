@@ -22,6 +22,7 @@ from prep.bench.baselines import loop_stack
 from prep.bench.command import add_parser
 from prep.bench.harness import _naive_plan
 from prep.bench.report import write
+from prep.bench.verify import status_of
 from prep.bench.workloads import noop, user_workload
 from prep.errors import ConfigError
 from prep.executors import REGISTRY
@@ -226,6 +227,28 @@ def test_failures_become_cells_and_the_run_goes_on() -> None:
     assert not by["main_only", "threads"].winner
     assert [k[0] for k in results.broken()] == ["no_batch", "raises"]
     json.dumps(results.to_dict())  # failed cells serialize too
+
+
+@pytest.mark.timeout(120)
+def test_vmap_refusing_a_function_is_skipped_not_failed() -> None:
+    """sleep_row reads its row's value, which vmap cannot trace: expected, so the
+    progress line counts no failure, and the cell says why it has no figure."""
+    grid = Grid(workloads=("sleep",), executors=("serial", "vmap"), rows=(4,), workers=(1,),
+                repeat=1)  # fmt: skip
+    lines: list[str] = []
+    results = run(grid, progress=lines.append)
+    by = {c.executor: c for c in results.cells}
+    assert by["serial"].status == "ok"
+    assert by["vmap"].status == "skipped" and not by["vmap"].winner
+    assert by["vmap"].note.startswith("VmapUnsupported: executor='vmap' cannot run sleep_row")
+    assert not any("failed" in line for line in lines)
+    assert results.broken() == []
+
+
+def test_only_expected_refusals_are_skipped() -> None:
+    assert status_of("VmapUnsupported: executor='vmap' cannot run f: ...") == "skipped"
+    assert status_of("RuntimeError: vmap: It looks like you're calling .item()") == "failed"
+    assert status_of("its result differs from the serial executor's") == "failed"
 
 
 def test_plain_joblib_is_capped_by_what_it_ships() -> None:
