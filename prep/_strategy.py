@@ -21,7 +21,6 @@ The figures are rates in rows per second, each the median over a few batches:
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -131,14 +130,13 @@ class StrategyPlan:
     """Which strategy each batch of one stream takes. Fixed, or ``auto``: the first
     batches split (the first one untimed: auto's calibration, a pool's start), then
     whole batches (the first ``workers`` untimed: each worker's start and setup=),
-    then :func:`choose_strategy` on the medians, kept for the rest of the stream and
-    handed to ``remember`` (the pool starts its next stream of the same function and
-    options with it: ``kept``)."""
+    then :func:`choose_strategy` on the medians, kept for the rest of the stream. A
+    pool keeps one plan per function and options across its streams, so a trial
+    that a short stream left unfinished goes on in the next one, and an epoch
+    loop pays it once."""
 
     strategy: str
     workers: int
-    kept: StrategyChoice | None = None
-    remember: Callable[[StrategyChoice], None] | None = None
     SPLIT_TRIAL = 3
     split_rates: list[float] = field(default_factory=list)
     worker_rates: list[float] = field(default_factory=list)
@@ -146,9 +144,7 @@ class StrategyPlan:
     submitted: dict[str, int] = field(default_factory=lambda: {"split": 0, "whole": 0})
     taken_whole: int = 0
     choice: StrategyChoice | None = None
-
-    def __post_init__(self) -> None:
-        self.choice = self.kept
+    streams: int = 0  # the streams it has planned
 
     @property
     def whole_trial(self) -> int:
@@ -182,8 +178,6 @@ class StrategyPlan:
             and len(self.worker_rates) >= self.whole_trial
         ):
             self.choice = choose_strategy(self.figures())
-            if self.remember is not None:
-                self.remember(self.choice)
 
     def figures(self) -> StrategyFigures:
         return StrategyFigures(
@@ -204,7 +198,7 @@ class StrategyPlan:
                 f"it needs {self.SPLIT_TRIAL} split and {self.workers + self.whole_trial} "
                 f"whole batches"
             )
-        how = (
-            "kept from an earlier stream of this function" if self.choice is self.kept else "chose"
+        streams = f" ({self.streams} streams of this function)" if self.streams > 1 else ""
+        return (
+            f"stream: strategy='auto' chose {self.choice.strategy}{streams}: {self.choice.reason}"
         )
-        return f"stream: strategy='auto' {how} {self.choice.strategy}: {self.choice.reason}"

@@ -12,7 +12,7 @@ from ._checks import check_device, check_timeout
 from ._progress import CountBar
 from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
-from ._strategy import FLAVOUR, StrategyChoice, StrategyPlan, check_strategy
+from ._strategy import FLAVOUR, StrategyPlan, check_strategy
 from ._stream import Stream, check_prefetch
 from ._whole import Submitter
 from .api import AUTO, _call, _check_name, _choose
@@ -60,7 +60,7 @@ class Pool:
         self._executors: dict[str, Executor] = {}
         self._whole: dict[str, ProcessBatches | ThreadBatches] = {}
         self._plans: list[StrategyPlan] = []
-        self._strategies: dict[Any, StrategyChoice] = {}  # auto's, per function and options
+        self._strategies: dict[Any, StrategyPlan] = {}  # auto's, per function and options
         self._closed = False
         self._lock = threading.Lock()  # two threads' first calls build one executor
         self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
@@ -194,28 +194,28 @@ class Pool:
             plan, samples, split, finish, bound, options, whole,
             isolate=lambda: self._get("processes"), timeout=self.timeout,
         )  # fmt: skip
-        with self._lock:
-            self._plans = [*self._plans[-(PLANS - 1) :], plan]
         stream = Stream(split, batches, prefetch, submit=submit)
         if meter is not None:
             weakref.finalize(stream, meter.close)
         return stream
 
     def _plan(self, strategy: str, key: Any) -> StrategyPlan:
-        """The stream's plan, starting from auto's choice for an earlier stream of the
-        same function and options (the trial is paid once per pool)."""
-        try:
-            kept = self._strategies.get(key) if strategy == "auto" else None
-        except TypeError:  # an unhashable callable: measured each stream
-            return StrategyPlan(strategy, self.workers)
-
-        def remember(choice: StrategyChoice) -> None:
-            with self._lock:
-                self._strategies[key] = choice
+        """The stream's plan: for ``auto``, the one of earlier streams of the same
+        function and options (its trial is paid once per pool), the latest in explain."""
+        with self._lock:
+            try:
+                plan = self._strategies.pop(key, None) if strategy == "auto" else None
+            except TypeError:  # an unhashable callable: measured each stream
+                key, plan = None, None
+            if plan is None:
+                plan = StrategyPlan(strategy, self.workers)
+            if key is not None and strategy == "auto":
+                self._strategies[key] = plan  # re-inserted last: the newest
                 while len(self._strategies) > 64:
                     del self._strategies[next(iter(self._strategies))]
-
-        return StrategyPlan(strategy, self.workers, kept, remember)
+            plan.streams += 1
+            self._plans = [p for p in self._plans if p is not plan][-(PLANS - 1) :] + [plan]
+        return plan
 
     def _prefetch(self, prefetch: Any, strategy: Any, name: str) -> int:
         """``prefetch`` checked; None: two batches per worker where whole batches may

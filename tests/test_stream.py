@@ -429,3 +429,99 @@ def test_pool_imap_samples_pads_each_list_of_samples():
     for out, batch in zip(got, batches):
         assert out.shape == (len(batch), max(batch))
         assert [int((row >= 0).sum()) for row in out] == batch
+
+
+# ------------------------------------------------------------------ batches in flight (tickets)
+
+
+class FakeTicket:
+    """A batch run elsewhere: done when the test says so, in any order."""
+
+    def __init__(self, batch: torch.Tensor, log: list[tuple[str, int]]) -> None:
+        self.k, self.log = index(batch), log
+        self.value = batch * 2 + 1
+        self.finished = threading.Event()
+        self.error: BaseException | None = None
+        log.append(("submit", self.k))
+
+    def done(self) -> bool:
+        return self.finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.finished.wait(timeout)
+
+    def result(self) -> torch.Tensor:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def cancel(self) -> None:
+        self.log.append(("cancel", self.k))
+
+
+class Tickets:
+    """``submit`` for a Stream: every ticket kept, so the test can finish them."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int]] = []
+        self.made: dict[int, FakeTicket] = {}
+        self.changed = threading.Condition()
+
+    def __call__(self, batch: torch.Tensor) -> FakeTicket:
+        t = FakeTicket(batch, self.log)
+        with self.changed:
+            self.made[t.k] = t
+            self.changed.notify_all()
+        return t
+
+    def wait_for(self, k: int) -> FakeTicket:
+        with self.changed:
+            assert self.changed.wait_for(lambda: k in self.made, timeout=10), f"{k} not submitted"
+            return self.made[k]
+
+
+@pytest.mark.timeout(60)
+def test_batches_in_flight_finish_in_any_order_and_come_in_order():
+    tickets = Tickets()
+    stream = Stream(lambda b: b, Source(4), prefetch=4, submit=tickets)
+    for k in (3, 2, 1):  # all four are in flight at once: finish them backwards
+        tickets.wait_for(k).finished.set()
+    assert not tickets.made[0].done()
+    tickets.made[0].finished.set()
+    assert [index(o) for o in stream] == [1, 3, 5, 7]
+
+
+@pytest.mark.timeout(60)
+def test_an_error_in_flight_comes_in_its_place_and_the_rest_are_cancelled():
+    tickets = Tickets()
+    stream = Stream(lambda b: b, Source(6), prefetch=3, submit=tickets)
+    first, second, third = (tickets.wait_for(k) for k in range(3))
+    second.error = ValueError("batch 1 failed")
+    third.finished.set()  # batch 2 done before the failing batch 1
+    second.finished.set()
+    first.finished.set()
+    assert index(next(stream)) == 1
+    with pytest.raises(ValueError, match="batch 1 failed"):
+        next(stream)
+    assert wait_until(lambda: not producers())
+    assert ("cancel", 2) in tickets.log  # done but never delivered: its output dropped
+    assert ("submit", 4) not in tickets.log
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["close", "del"])
+def test_stopping_cancels_every_batch_in_flight(how):
+    tickets = Tickets()
+    stream = Stream(lambda b: b, Source(10), prefetch=3, submit=tickets)
+    tickets.wait_for(0).finished.set()
+    assert index(next(stream)) == 1
+    for k in (1, 2, 3):
+        tickets.wait_for(k)
+    if how == "close":
+        stream.close()
+    else:
+        del stream
+        gc.collect()
+    assert wait_until(lambda: not producers())
+    assert {("cancel", k) for k in (1, 2, 3)} <= set(tickets.log)
+    assert ("submit", 4) not in tickets.log
