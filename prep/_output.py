@@ -8,6 +8,7 @@ once, from the first row's result or from ``out=``.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,12 +63,23 @@ def detached(result: Any) -> Any:
 
 
 def fits(value: bool | int | float, dtype: torch.dtype) -> bool:
-    """Whether ``value`` can be stored in ``dtype`` (nan in an int, 1e40 in float32 cannot)."""
+    """Whether ``value`` can be stored in ``dtype`` exactly as given: nan in an int, 300
+    in uint8, -1 in uint8, 1.5 in int64 or 1e40 in float32 cannot (torch would refuse
+    some and wrap or round others, depending on the op)."""
+    if dtype == torch.bool:
+        return value in (0, 1)
+    if dtype.is_complex:
+        return True
+    if dtype.is_floating_point:
+        if isinstance(value, float) and not math.isfinite(value):
+            return True  # nan and inf exist in every float dtype
+        return abs(value) <= torch.finfo(dtype).max
     try:
-        torch.empty((), dtype=dtype).fill_(value)
-    except (RuntimeError, OverflowError):
-        return False
-    return True
+        info = torch.iinfo(dtype)
+    except TypeError:  # a quantized or other exotic dtype: left to torch
+        return True
+    whole = not isinstance(value, float) or value.is_integer()
+    return whole and info.min <= value <= info.max
 
 
 def _describe(value: Any) -> str:
