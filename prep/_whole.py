@@ -23,7 +23,13 @@ from .errors import WorkerCrashed
 from .executors import Executor, Job
 from .executors._batches import Ticket
 
-__all__ = ["Delivery", "Submitter"]
+__all__ = ["Delivery", "Submitter", "policy_of"]
+
+
+def policy_of(options: dict[str, Any]) -> Policy:
+    """The :class:`Policy` of ``map_rows``' keywords in ``options``."""
+    get = options.get
+    return Policy.of(get("pad"), get("pad_to"), get("on_error", "raise"), get("fill"))
 
 
 class _Delivered(Executor):
@@ -80,8 +86,9 @@ class Submitter:
 
     ``split(batch)`` is the pool's ``map_rows``/``map_samples`` with the stream's
     options; ``finish(executor, rows)`` is ``_batch.run`` through that executor
-    with the same options; ``workers`` are the pool's whole-batch workers (None when
-    the plan never asks for them), ``isolate`` its ``processes`` executor."""
+    with the same options; ``workers(rows)`` gives the pool's whole-batch workers for
+    the first whole batch (None when the plan never asks for them), ``isolate`` its
+    ``processes`` executor."""
 
     def __init__(
         self,
@@ -91,18 +98,16 @@ class Submitter:
         finish: Callable[[Executor, Rows], Any],
         fn: Any,
         options: dict[str, Any],
-        workers: Any,
+        workers: Callable[[Rows], Any] | None,
         isolate: Callable[[], Executor],
         timeout: float | None,
     ) -> None:
         self.plan, self.samples = plan, samples
         self.split, self._finish, self.isolate = split, finish, isolate
-        self.workers, self.timeout = workers, timeout
-        self.policy = Policy.of(
-            options.get("pad"), options.get("pad_to"), options.get("on_error", "raise"),
-            options.get("fill"),
-        )  # fmt: skip
-        self.key = workers.prepare(fn) if workers is not None else None
+        self.pick, self.timeout, self.fn = workers, timeout, fn
+        self.workers: Any = None  # picked, and the function sent, at the first whole batch
+        self.policy = policy_of(options)
+        self.key: Any = None
 
     def __call__(self, batch: Any) -> Any:
         from ._stream import Ran
@@ -116,6 +121,10 @@ class Submitter:
             return ran
         try:
             rows: Rows = SampleRows(list(batch)) if self.samples else rows_of(batch)
+            if self.workers is None:
+                assert self.pick is not None, "a plan with whole batches has workers to pick"
+                self.workers = self.pick(rows)
+                self.key = self.workers.prepare(self.fn)
             ticket = self.workers.submit(self.key, rows, self.policy, self.timeout)
         except BaseException as exc:  # raised in its place in the order, as split's are
             return Ran(error=exc)

@@ -14,9 +14,10 @@ from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
 from ._strategy import FLAVOUR, StrategyPlan, check_strategy
 from ._stream import Stream, check_prefetch
-from ._whole import Submitter
+from ._whole import Submitter, policy_of
 from .api import AUTO, _call, _check_name, _choose
 from .auto import AutoExecutor, Calibration
+from .auto.calibration import signature
 from .errors import ConfigError
 from .executors import REGISTRY, Executor, in_worker_process, resolve_workers
 from .executors._batch_threads import ThreadBatches
@@ -189,9 +190,19 @@ class Pool:
             return out
 
         plan = self._plan(strategy, (bound, samples, repr(sorted(options.items()))))
-        whole = self._whole_workers(flavour) if strategy != "split" and flavour else None
+
+        def workers(rows: Rows) -> ProcessBatches | ThreadBatches:
+            assert flavour is not None, "whole batches need a flavour (check_strategy)"
+            if (
+                name == AUTO
+                and flavour == "processes"
+                and self._auto_chose(bound, rows, options) == "threads"
+            ):
+                return self._whole_workers("threads")  # the rows release the GIL: no transport
+            return self._whole_workers(flavour)
+
         submit = Submitter(
-            plan, samples, split, finish, bound, options, whole,
+            plan, samples, split, finish, bound, options, workers if flavour else None,
             isolate=lambda: self._get("processes"), timeout=self.timeout,
         )  # fmt: skip
         stream = Stream(split, batches, prefetch, submit=submit)
@@ -216,6 +227,18 @@ class Pool:
             plan.streams += 1
             self._plans = [p for p in self._plans if p is not plan][-(PLANS - 1) :] + [plan]
         return plan
+
+    def _auto_chose(self, fn: Any, rows: Rows, options: dict[str, Any]) -> str | None:
+        """The executor ``auto`` runs for batches like ``rows`` of ``fn`` (None: none yet):
+        where it chose threads, the rows release the GIL, and whole batches go to
+        threads too."""
+        auto = self._executors.get(AUTO)
+        if not isinstance(auto, AutoExecutor):
+            return None
+        pin = self.device is not None and self.device.type == "cuda"
+        pin = pin and rows.device.type == "cpu"
+        cal = auto.choices().get(signature(fn, rows, pin, policy_of(options)))
+        return cal.choice if cal is not None else None
 
     def _prefetch(self, prefetch: Any, strategy: Any, name: str) -> int:
         """``prefetch`` checked; None: two batches per worker where whole batches may
