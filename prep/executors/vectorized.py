@@ -13,7 +13,7 @@ from .._output import Output, flatten
 from .._policy import Policy
 from .._rows import TensorRows
 from .._rowwise import twin_of
-from ..errors import ConfigError, VmapUnsupported
+from ..errors import ConfigError, PrepError, VmapUnsupported
 from ._base import Executor, Job
 
 
@@ -125,34 +125,38 @@ class VmapExecutor(VectorizedExecutor):
             # vmap maps positional inputs only: pass named columns positionally, rename inside
             names, k = list(named), len(columns)
             row = lambda *c: fn(*c[:k], **dict(zip(names, c[k:])))
-            inputs = (*columns, *named.values())
-            try:
-                return torch.func.vmap(row)(*inputs)
-            except Exception as exc:
-                error = _vmap_error(fn, row, inputs, exc)
-                if error is exc:
-                    raise
-                raise error from exc
+            return torch.func.vmap(row)(*columns, *named.values())
 
         return call, f"torch.func.vmap({_name(fn)})"
 
+    def run(self, job: Job) -> Output | None:
+        try:
+            return super().run(job)
+        except PrepError:
+            raise
+        except Exception as exc:
+            error = _vmap_error(job, exc)
+            if error is exc:
+                raise
+            raise error from exc
 
-def _vmap_error(
-    fn: Callable[..., Any], row: Callable[..., Any], inputs: tuple[Any, ...], exc: Exception
-) -> Exception:
+
+def _vmap_error(job: Job, exc: Exception) -> Exception:
     """What vmap's failure means: the row function's own error where it fails on a
     plain row too (raised as it is), else a :class:`VmapUnsupported` that says why and
-    what runs it. Costs one row, and only once vmap has failed."""
-    if not inputs or not all(isinstance(c, torch.Tensor) and len(c) for c in inputs):
+    what runs it. It runs the first row once more, on a copy, and only once vmap has
+    failed (auto, which promises one call a row, never gets here: it calls the
+    batched form itself)."""
+    if len(job.rows) <= job.start:
         return exc
     try:
-        row(*(c[0] for c in inputs))
+        job.rows.take(job.start, job.start + 1).call(job.fn, job.start)
     except Exception:
         return exc  # the function fails on its own: its error, not vmap's
     text = str(exc).strip()
     reason = text.splitlines()[0].rstrip(".") if text else type(exc).__name__
     return VmapUnsupported(
-        f"executor='vmap' cannot run {_name(fn)}: torch.func.vmap raised "
+        f"executor='vmap' cannot run {_name(job.fn)}: torch.func.vmap raised "
         f"{type(exc).__name__}: {reason}. The function runs on a single row, but vmap runs "
         f"all rows as one traced batch, so it cannot read values (.item(), int(row[0]), a "
         f"Python if on data) nor make shapes that depend on them. Use executor='auto' "
