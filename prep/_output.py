@@ -334,6 +334,8 @@ class ResultCheck:
         self.padded = padded
         self.first: tuple[Any, ...] | None = None
         self.origin = "the first good row returned"
+        self.by_chunk: int | None = None  # the row whose chunk set the reference, if one did
+        self.admitted: list[tuple[int, int]] = []  # chunks' rows admitted under it
         if out is not None:
             try:
                 self.first = self._of(Output.given(out, len(flatten(out, "out=")[1][0])))
@@ -362,16 +364,27 @@ class ResultCheck:
             self.first = self._of(out)
             self.origin = f"row {out.first_row} returned"
 
-    def admit(self, chunk: Output) -> str | None:
-        """Why a worker's chunk of rows cannot join the output (its rows then fail), or
-        None; the first chunk admitted is the reference where none was seeded."""
-        layout = self._of(chunk)
-        if self.first is None:
-            self.first, self.origin = layout, f"row {chunk.first_row} returned"
-            return None
-        if layout == self.first:
-            return None
-        return self._differs(layout, f"row {chunk.first_row} returned")
+    def admit(self, chunk: Output, start: int, stop: int) -> tuple[str | None, list[int]]:
+        """A worker's chunk of rows ``start:stop`` against the reference: why its rows
+        fail (None: it joins the output), and the rows admitted before that fail instead.
+
+        Where no reference was seeded, the first chunk to come back is one; but chunks
+        come back in any order, and serial's reference is the lowest good row. So a
+        chunk with a lower first row that disagrees takes over, and the rows admitted
+        under the old reference fail (the caller then remakes the output)."""
+        layout, row = self._of(chunk), chunk.first_row
+        if self.first is not None and layout == self.first:
+            self.admitted.append((start, stop))
+            return None, []
+        if self.first is not None and not (self.by_chunk is not None and row < self.by_chunk):
+            return self._differs(layout, f"row {row} returned"), []
+        dropped = [i for a, b in self.admitted for i in range(a, b)]
+        old, old_row = self.first, self.by_chunk
+        self.first, self.origin, self.by_chunk = layout, f"row {row} returned", row
+        self.admitted = [(start, stop)]
+        if old is None or not dropped:
+            return None, []
+        return self._differs(old, f"row {old_row} returned"), dropped
 
     def _differs(self, layout: tuple[Any, ...], what: str) -> str:
         first = self.first if self.first is not None else layout

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -162,8 +163,9 @@ def merge_chunk(job: Job, reply: tuple[Any, ...]) -> None:
     """A ``("chunk", ...)`` reply into ``job``: its rows, and its failed rows noted.
 
     Under ``on_error='fill'``/``'skip'`` a chunk whose rows return another dtype or
-    rank than the batch's output (its worker had no reference to check them
-    against) is a chunk of failed rows, each with the reason."""
+    rank than the batch's reference (its worker had none to check them against) is a
+    chunk of failed rows, each with the reason; see :meth:`ResultCheck.admit` for
+    which chunk's rows are the reference."""
     _, start, stop, chunk, failed = reply
     for error_reply in failed:
         err = error_from_reply(error_reply)
@@ -173,11 +175,23 @@ def merge_chunk(job: Job, reply: tuple[Any, ...]) -> None:
     if chunk is None:
         return
     check = getattr(job.rows, "check", None)
-    problem = check.admit(chunk) if isinstance(check, ResultCheck) else None
-    if problem is None:
+    if not isinstance(check, ResultCheck):
         job.merge(chunk)
         return
-    for i in range(start, stop):
+    problem, dropped = check.admit(chunk, start, stop)
+    if problem is not None and not dropped:
+        _fail_all(job, range(start, stop), problem)  # this chunk disagrees: its rows fail
+        return
+    if dropped:
+        job.output = None  # remade from this chunk, the rows before it dropped
+    job.merge(chunk)
+    if problem is not None:
+        _fail_all(job, dropped, problem)
+
+
+def _fail_all(job: Job, rows: Iterable[int], problem: str) -> None:
+    """Each of ``rows`` not failed yet fails with a StackError saying ``problem``."""
+    for i in rows:
         if i not in job.failures.errors:
             err = RowError(i, f"row {i}: StackError: {problem}")
             err.__cause__ = StackError(problem)
