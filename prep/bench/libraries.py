@@ -7,9 +7,10 @@
 * ``numpy_rfft``: 16384 float32 a row -> ``|np.fft.rfft|`` -> float32;
 * ``torch_stft``: a 16000-sample signal a row -> ``|torch.stft|`` (n_fft 400, hop 160,
   Hann window) -> ``[201, 101]`` float32;
-* ``text_re``: a text a row -> counts of 8 ``re`` patterns -> int64.
+* ``text_re``: a text a row -> counts of 8 ``re`` patterns -> int64;
+* ``json_parse``: a JSON document a row (40 records) -> 6 summed features, float64.
 
-**Texts are samples.** The two text workloads (``samples=True``) have a batch that is a
+**Texts are samples.** The text workloads (``samples=True``) have a batch that is a
 list of Python ``str`` of varying length, as a data set hands them out, mapped with
 :func:`prep.map_samples` / ``Pool.map_samples``; the others are tensor batches for
 ``map_rows``. Use :func:`call` to run either kind the right way.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+import json
 import random
 import re
 import threading
@@ -283,6 +285,43 @@ def text_features(text: str) -> torch.Tensor:
     )
 
 
+def json_records(rows: int, seed: int = 0, records: int = 40) -> list[str]:
+    """JSON documents of ``records`` records each (a log line or an API answer per
+    sample), with numbers, strings and nested lists."""
+    rng = random.Random(seed)
+    words = _lexicon(400, seed)
+    docs = []
+    for _ in range(rows):
+        items = [
+            {
+                "id": rng.randrange(10**6),
+                "score": round(rng.uniform(-5, 5), 4),
+                "tags": rng.sample(words, rng.randint(1, 5)),
+                "text": " ".join(rng.choices(words, k=rng.randint(3, 12))),
+                "point": [rng.random(), rng.random()],
+            }
+            for _ in range(records)
+        ]
+        docs.append(json.dumps({"version": 1, "items": items}))
+    return docs
+
+
+def json_features(doc: str) -> torch.Tensor:
+    """Parse a JSON document and sum its records' features: 6 float64."""
+    items = json.loads(doc)["items"]
+    return torch.tensor(
+        [
+            len(items),
+            sum(it["score"] for it in items),
+            sum(len(it["tags"]) for it in items),
+            sum(len(it["text"]) for it in items),
+            sum(it["point"][0] for it in items),
+            sum(it["point"][1] for it in items),
+        ],
+        dtype=torch.float64,
+    )
+
+
 # ---------------------------------------------------------------- the table
 
 LIBRARY_WORKLOADS: dict[str, LibraryWorkload] = {
@@ -323,6 +362,14 @@ LIBRARY_WORKLOADS: dict[str, LibraryWorkload] = {
             text_features,
             texts,
             "Python re: counts of 8 patterns in a 400-1,800 char str sample -> int64",
+            samples=True,
+        ),
+        LibraryWorkload(
+            "json_parse",
+            json_features,
+            json_records,
+            "Python json: parse a document of 40 records (a str sample, about 5 KB) and "
+            "sum their features -> 6 float64",
             samples=True,
         ),
     ]
