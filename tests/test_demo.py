@@ -8,6 +8,7 @@ one, the busy-machine line, the formatting) with figures given, not measured.
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,18 @@ def test_main_refuses_too_few_repeats() -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and "at least 3" in proc.stderr
+
+
+def test_the_whole_demo_runs_quick() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "demo.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "PREP_WISDOM": "off"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for heading in ("\n1. ", "\n2. ", "\n3. ", "\n4. ", "\n5. ", "\nWinners ("):
+        assert heading in proc.stdout
+    assert "0.0x" not in proc.stdout
+    assert "Traceback" not in proc.stderr
