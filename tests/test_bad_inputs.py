@@ -383,3 +383,14 @@ def test_chunks_back_out_of_order_keep_the_lowest_good_rows_reference():
     )
     assert job.output is not None and job.output.buffers[0].dtype == torch.float32
     assert job.output.buffers[0].tolist() == [[1.0, 1.0]] * 4 + [[-1.0, -1.0]] * 4
+
+
+def test_prep_run_with_setup_for_a_function_without_state(tmp_path: Path, capsys):
+    data = tmp_path / "data"
+    prep.run.make_shards(data, shards=1, rows=4, seq=6, dim=2)
+    code = _prep("run", data, "--out", tmp_path / "out", "--fn", "prep.ops:side_context_row",
+                 "--arg", "max_len=3", "--setup", "tests.test_bad_inputs:make_state")  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "--setup tests.test_bad_inputs:make_state gives --fn" in err
+    assert "has no state parameter" in err

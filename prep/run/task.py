@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from .. import __version__
-from .._checks import call_problem, signature
+from .._checks import call_problem, signature, takes_keyword
 from .._imports import load_callable
 from ..api import explain, map_rows
 from ..auto import Calibration
@@ -110,6 +110,12 @@ def check_call(config: RunConfig, columns: Iterable[str] | None = None) -> None:
     ``--setup``. Where the names are not known yet (no shard read), only what
     ``--arg`` gives is checked: a name the function does not take."""
     fn = load_fn(config.fn)
+    if config.setup and not takes_keyword(fn, "state"):
+        raise ConfigError(
+            f"--setup {config.setup} gives --fn {config.fn} its state as the keyword state=, "
+            f"but the function has no state parameter; add one (def fn(..., *, state)), or "
+            f"drop --setup"
+        )
     given = dict(config.args) | ({"state": None} if config.setup else {})
     if config.columns is not None:
         problem = call_problem(fn, len(config.columns), **given)
