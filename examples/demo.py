@@ -140,11 +140,9 @@ class Stat:
 
 def seconds(s: float) -> str:
     """``1.23 ms``-style, three significant figures, never ``0.0``."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale or unit == "us":
-            value = s / scale
-            return f"{value:.3g} {unit}" if value < 1000 else f"{value:,.0f} {unit}"
-    raise AssertionError("unreachable")
+    unit, scale = next(((u, f) for u, f in (("s", 1.0), ("ms", 1e-3)) if s >= f), ("us", 1e-6))
+    value = s / scale
+    return f"{value:.3g} {unit}" if value < 1000 else f"{value:,.0f} {unit}"
 
 
 def times(ratio: float) -> str:
@@ -226,7 +224,7 @@ def measure(case: Case, pools: dict[str, prep.Pool], repeat: int, busy: str | No
         variants["auto"] = functools.partial(auto.map_rows, case.fn, case.batch)
         want = variants["serial"]()
         for name, run in variants.items():  # every variant computes the same rows
-            if not torch.equal(run(), want):  # type: ignore[arg-type]
+            if not torch.equal(run(), want):
                 raise RuntimeError(f"{name} disagrees with serial on {case.title}")
         timing = interleaved(variants, repeat=repeat, warmup=1)
         stats = {name: Stat.of(t.samples) for name, t in timing.items()}
@@ -272,7 +270,8 @@ def who_wins(scale: float = 1.0, repeat: int = 15) -> list[Result]:
             f"   The machine is busy ({busy}): other work competes for the cores, so the\n"
             f"   figures below are not a measurement, and no winner is named from them.\n"
         )
-    names = sorted({name for case in cases(scale) for name in case.executors})
+    demo_cases = cases(scale)
+    names = sorted({name for case in demo_cases for name in case.executors})
     pools = {name: prep.Pool(name, workers=WORKERS) for name in names}
     results = []
     # torch's own intra-op threads wait for each other at the end of every op: where other
@@ -282,7 +281,7 @@ def who_wins(scale: float = 1.0, repeat: int = 15) -> list[Result]:
     threads_before = torch.get_num_threads()
     torch.set_num_threads(max(1, cores // WORKERS))
     try:
-        for case in cases(scale):
+        for case in demo_cases:
             result = measure(case, pools, repeat, busy)
             report(result, repeat)
             results.append(result)
