@@ -97,26 +97,30 @@ class StrategyChoice:
     reason: str
 
 
-def choose_strategy(f: StrategyFigures, margin: float = MARGIN) -> StrategyChoice:
-    """``whole`` if its rate beats ``split``'s by ``margin``, else ``split``."""
+def choose_strategy(
+    f: StrategyFigures, margin: float = MARGIN, flavour: str = ""
+) -> StrategyChoice:
+    """``whole`` if its rate beats ``split``'s by ``margin``, else ``split``;
+    ``flavour`` names what built the whole batches, for the reason."""
     whole, split = f.whole, f.split
     if whole is None:
         return StrategyChoice("split", "whole batches were not measured")
+    on = f" on {flavour}" if flavour else ""
     detail = (
-        f"{f.workers} workers x {f.whole_worker:,.0f} rows/s each, taken in at up to "
-        f"{f.whole_take:,.0f} rows/s"
+        f"{f.workers} {flavour or 'workers'} x {f.whole_worker:,.0f} rows/s each, taken in "
+        f"at up to {f.whole_take:,.0f} rows/s"
     )
     if split is None:
-        return StrategyChoice("whole", f"whole batches: {whole:,.0f} rows/s ({detail})")
+        return StrategyChoice("whole", f"whole batches{on}: {whole:,.0f} rows/s ({detail})")
     if whole >= split * margin:
         return StrategyChoice(
             "whole",
-            f"whole batches: {whole:,.0f} rows/s ({detail}), {whole / split:.2f}x splitting "
-            f"each batch ({split:,.0f} rows/s)",
+            f"whole batches{on}: {whole:,.0f} rows/s ({detail}), {whole / split:.2f}x "
+            f"splitting each batch ({split:,.0f} rows/s)",
         )
     return StrategyChoice(
         "split",
-        f"splitting each batch: {split:,.0f} rows/s; whole batches: {whole:,.0f} rows/s "
+        f"splitting each batch: {split:,.0f} rows/s; whole batches{on}: {whole:,.0f} rows/s "
         f"({detail}), under {margin:.2f}x that",
     )
 
@@ -145,6 +149,7 @@ class StrategyPlan:
     taken_whole: int = 0
     choice: StrategyChoice | None = None
     streams: int = 0  # the streams it has planned
+    flavour: str = ""  # what builds its whole batches: "processes" or "threads"
 
     @property
     def whole_trial(self) -> int:
@@ -177,7 +182,7 @@ class StrategyPlan:
             and self.choice is None
             and len(self.worker_rates) >= self.whole_trial
         ):
-            self.choice = choose_strategy(self.figures())
+            self.choice = choose_strategy(self.figures(), flavour=self.flavour)
 
     def figures(self) -> StrategyFigures:
         return StrategyFigures(

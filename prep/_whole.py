@@ -125,6 +125,7 @@ class Submitter:
                 assert self.pick is not None, "a plan with whole batches has workers to pick"
                 self.workers = self.pick(rows)
                 self.key = self.workers.prepare(self.fn)
+                self.plan.flavour = self.workers.name
             ticket = self.workers.submit(self.key, rows, self.policy, self.timeout)
         except BaseException as exc:  # raised in its place in the order, as split's are
             return Ran(error=exc)

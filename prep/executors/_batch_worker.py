@@ -29,7 +29,11 @@ def run_whole(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
     the reply is :func:`_worker.run_chunk`'s over every row."""
     _, seq, _, rows, policy = msg
     started = time.monotonic()
-    reply = run_chunk(fn, rows, 0, len(rows), policy=policy, shared=True)
+    # equal rows: the output is made in shared memory, written once. Ragged rows grow
+    # their output a few times a batch, and each shared growth costs a new segment:
+    # they grow in private memory, and _fdpipe copies the final one into shared memory
+    shared = policy.padding is None
+    reply = run_chunk(fn, rows, 0, len(rows), policy=policy, shared=shared)
     return ("whole", seq, started, time.monotonic(), reply)
 
 
