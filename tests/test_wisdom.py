@@ -115,6 +115,7 @@ def test_a_first_run_remembers_and_forget_clears(file):
         for _ in range(3):
             pool.map_rows(wisdomfns.doubled, torch.ones(64, 3))
         (cal,) = pool.choices()
+    wisdom.flush()  # auto writes in the background
     entry = json.loads(file.read_text())["entries"][key_of(wisdomfns.doubled, torch.ones(64, 3))]
     assert entry["choice"] == cal.choice and cal.choice in entry["figures"]
     assert prep.forget() == 1 and not file.exists()
@@ -130,7 +131,7 @@ def test_a_second_interpreter_starts_on_the_remembered_choice(file):
     code = """
         import torch, prep
         from tests import wisdomfns
-        with prep.Pool("auto", workers=2) as pool:
+        with prep.Pool("auto", workers=2) as pool:  # (it writes its figures at exit)
             out = pool.map_rows(wisdomfns.doubled, torch.ones(64, 3))
             assert torch.equal(out, torch.full((64, 3), 2.0))
             (cal,) = pool.choices()
@@ -168,6 +169,7 @@ def test_a_corrupt_or_stale_file_is_ignored_and_replaced(file, text):
         assert torch.equal(pool.map_rows(wisdomfns.doubled, x), x * 2)
         (cal,) = pool.choices()
     assert not cal.remembered and cal.sample > 0  # measured here
+    wisdom.flush()
     assert json.loads(file.read_text())["format"] == wisdom.FORMAT  # a whole file again
 
 
@@ -207,3 +209,14 @@ def test_prep_forget_on_the_command_line(file, capsys):
     assert main(["forget"]) == 0
     assert f"forgot 1 remembered choice of auto ({file})" in capsys.readouterr().out
     assert not file.exists()
+
+
+def test_an_interpreter_writes_what_auto_learned_by_the_time_it_exits(file):
+    code = """
+        import torch, prep
+        from tests import wisdomfns
+        prep.map_rows(wisdomfns.doubled, torch.ones(64, 3))
+    """
+    python(code, file)
+    entries = json.loads(file.read_text())["entries"]
+    assert key_of(wisdomfns.doubled, torch.ones(64, 3)) in entries

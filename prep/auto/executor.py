@@ -183,7 +183,7 @@ class AutoExecutor(Executor):
             if cal.wisdom_key is None or not cal.wisdom_changed():
                 return
             entry = cal.to_wisdom()
-        wisdom.remember(cal.wisdom_key, entry)
+        wisdom.remember_later(cal.wisdom_key, entry)
 
     def _run(self, cal: Calibration, name: str, job: Job, *, observe: bool) -> Output | None:
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""

@@ -30,8 +30,10 @@ corrupt file or entry is ignored (and replaced by the next write).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -39,6 +41,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -51,7 +54,7 @@ from .._rowwise import unwrap_partial
 from .._version import __version__
 from ..executors._base import available_cores
 
-__all__ = ["ENV", "forget", "key", "location", "recall", "remember"]
+__all__ = ["ENV", "flush", "forget", "key", "location", "recall", "remember", "remember_later"]
 
 ENV = "PREP_WISDOM"
 #: the file's format; another version's file is ignored
@@ -83,6 +86,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.lru_cache(maxsize=1)
 def machine() -> dict[str, Any]:
     """What a remembered figure holds for: this CPU, its cores, these versions."""
     return {
@@ -224,26 +228,47 @@ def valid(entry: Any, known: Callable[[str], bool]) -> bool:
     )
 
 
+_cache: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}
+
+
+def _entries(path: Path) -> dict[str, Any]:
+    """The file's entries, read again only when it changed (a new signature asks)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return {}
+    stamp = (st.st_mtime_ns, st.st_size)
+    kept = _cache.get(path)
+    if kept is None or kept[0] != stamp:
+        kept = _cache[path] = (stamp, _read(path))
+    return kept[1]
+
+
 def recall(wkey: str | None, known: Callable[[str], bool]) -> dict[str, Any] | None:
     """The remembered entry of ``wkey``, if there is a whole one."""
     path = location()
     if wkey is None or path is None:
         return None
-    entry = _read(path).get(wkey)
+    entry = _entries(path).get(wkey)
     return entry if valid(entry, known) else None
 
 
 def remember(wkey: str | None, entry: dict[str, Any]) -> bool:
-    """Merge ``entry`` into the file under ``wkey``; False where wisdom is off or the
-    file cannot be written (a read-only home: auto works on without it)."""
+    """Merge ``entry`` into the file under ``wkey`` now; False where wisdom is off or
+    the file cannot be written (a read-only home: auto works on without it)."""
     path = location()
     if wkey is None or path is None:
         return False
+    return _merge(path, {wkey: {**entry, "saved": time.time()}})
+
+
+def _merge(path: Path, new: dict[str, Any]) -> bool:
     try:
         with _locked(path):
             entries = _read(path)
-            entries.pop(wkey, None)  # re-inserted last: the newest
-            entries[wkey] = {**entry, "saved": time.time()}
+            for wkey, entry in new.items():
+                entries.pop(wkey, None)  # re-inserted last: the newest
+                entries[wkey] = entry
             while len(entries) > ENTRIES:
                 del entries[next(iter(entries))]
             _write(path, entries)
@@ -252,9 +277,70 @@ def remember(wkey: str | None, entry: dict[str, Any]) -> bool:
     return True
 
 
+class _Writer:
+    """Entries auto wants remembered, written by a background thread: a write (a lock,
+    a read, a replace) costs about a millisecond, which a batch of light rows must
+    not wait for. What is still pending is written at exit, or by :func:`flush`."""
+
+    def __init__(self) -> None:
+        self.pending: dict[Path, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.writing = threading.Lock()
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def add(self, path: Path, wkey: str, entry: dict[str, Any]) -> None:
+        with self.lock:
+            self.pending.setdefault(path, {})[wkey] = {**entry, "saved": time.time()}
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, daemon=True, name="prep-wisdom")
+                self.thread.start()
+        self.wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        # one flush at a time: the one at exit waits for the thread's write to end
+        with self.writing:
+            with self.lock:
+                pending, self.pending = self.pending, {}
+            for path, entries in pending.items():
+                _merge(path, entries)
+
+
+_writer = _Writer()
+
+
+def remember_later(wkey: str | None, entry: dict[str, Any]) -> None:
+    """:func:`remember`, in the background (auto's batches do not wait for the disk)."""
+    path = location()
+    if wkey is not None and path is not None:
+        _writer.add(path, wkey, entry)
+
+
+def flush() -> None:
+    """Write what :func:`remember_later` still holds, now."""
+    _writer.flush()
+
+
+def _forget_writer_in_child() -> None:
+    # a forked child (a DataLoader worker) has no writer thread; its entries are its own
+    global _writer
+    _writer = _Writer()
+
+
+atexit.register(flush)
+os.register_at_fork(after_in_child=_forget_writer_in_child)
+
+
 def forget() -> int:
     """Clear the wisdom file; the number of remembered choices it held."""
     path = location()
+    flush()  # what this interpreter still had to write is forgotten too
     if path is None or not path.exists():
         return 0
     with _locked(path):
