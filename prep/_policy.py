@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from ._output import Output, flatten
 from ._padding import Number, Padding
+from .errors import StackError
 
 ON_ERROR = ("raise", "fill", "skip")
 
@@ -93,3 +98,93 @@ class Failures:
             RuntimeWarning,
             stacklevel=stacklevel,
         )
+
+
+class ResultCheck:
+    """Under ``on_error='fill'``/``'skip'``: a row result that could not go into the
+    batch's output fails its row, as an exception in the row function would, so it
+    is filled or left out, with its row's index, on every executor.
+
+    Bad: anything but a Tensor, a tuple or a dict of Tensors (None, a list of
+    numbers), or another structure, dtype or number of dims than the first good
+    row's (or ``out=``'s); without ``pad=`` another shape too. It is called where the
+    row ran; a worker process gets a copy, with the reference as it was when its
+    rows were sent (an executor seeds it from the first row, run alone, where it
+    can), and :meth:`admit` checks a worker's chunk of rows as a whole.
+    """
+
+    def __init__(self, padded: bool, out: Any = None) -> None:
+        self.padded = padded
+        self.first: tuple[Any, ...] | None = None
+        self.origin = "the first good row returned"
+        self.by_chunk: int | None = None  # the row whose chunk set the reference, if one did
+        self.admitted: list[tuple[int, int]] = []  # chunks' rows admitted under it
+        if out is not None:
+            try:
+                self.first = self._of(Output.given(out, len(flatten(out, "out=")[1][0])))
+                self.origin = "out= holds"
+            except (TypeError, ValueError, IndexError):
+                pass  # the batch's own check of out= says what is wrong with it
+
+    def _leaf(self, dtype: torch.dtype, shape: Sequence[int]) -> tuple[Any, ...]:
+        return (dtype, len(shape)) if self.padded else (dtype, tuple(shape))
+
+    def _of(self, out: Output) -> tuple[Any, ...]:
+        return (out.spec, tuple(self._leaf(b.dtype, b.shape[1:]) for b in out.buffers))
+
+    def __call__(self, result: Any) -> None:
+        spec, leaves = flatten(result)  # a TypeError that says what it must return
+        layout = (spec, tuple(self._leaf(t.dtype, t.shape) for t in leaves))
+        if self.first is None:
+            self.first = layout  # threads may race here: each with a good row's layout
+        elif layout != self.first:
+            raise StackError(self._differs(layout, "the row function returned"))
+
+    def seed(self, out: Output) -> None:
+        """The rows to come are checked against ``out`` (the batch's output, shaped by
+        its first good row)."""
+        if self.first is None:
+            self.first = self._of(out)
+            self.origin = f"row {out.first_row} returned"
+
+    def admit(self, chunk: Output, start: int, stop: int) -> tuple[str | None, list[int]]:
+        """A worker's chunk of rows ``start:stop`` against the reference: why its rows
+        fail (None: it joins the output), and the rows admitted before that fail instead.
+
+        Where no reference was seeded, the first chunk to come back is one; but chunks
+        come back in any order, and serial's reference is the lowest good row. So a
+        chunk with a lower first row that disagrees takes over, and the rows admitted
+        under the old reference fail (the caller then remakes the output)."""
+        layout, row = self._of(chunk), chunk.first_row
+        if self.first is not None and layout == self.first:
+            self.admitted.append((start, stop))
+            return None, []
+        if self.first is not None and not (self.by_chunk is not None and row < self.by_chunk):
+            return self._differs(layout, f"row {row} returned"), []
+        dropped = [i for a, b in self.admitted for i in range(a, b)]
+        old, old_row = self.first, self.by_chunk
+        self.first, self.origin, self.by_chunk = layout, f"row {row} returned", row
+        self.admitted = [(start, stop)]
+        if old is None or not dropped:
+            return None, []
+        return self._differs(old, f"row {old_row} returned"), dropped
+
+    def _differs(self, layout: tuple[Any, ...], what: str) -> str:
+        first = self.first if self.first is not None else layout
+        return (
+            f"{what} {_layout_text(layout)}, but {self.origin} {_layout_text(first)}; "
+            f"every row must return the same structure and dtypes"
+            + ("" if self.padded else " and shapes (pass pad= for ragged rows)")
+        )
+
+
+def _layout_text(layout: tuple[Any, ...]) -> str:
+    spec, leaves = layout
+    parts = [
+        f"{f'shape {s}' if isinstance(s, tuple) else f'{s}-d'} {str(d).removeprefix('torch.')}"
+        for d, s in leaves
+    ]
+    if spec.kind == "tensor":
+        return f"a Tensor of {parts[0]}"
+    names = spec.keys or range(spec.n)
+    return f"a {spec.kind} of {{{', '.join(f'{k!r}: {p}' for k, p in zip(names, parts))}}}"

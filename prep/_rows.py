@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ._output import ResultCheck
+from ._policy import ResultCheck
 from .errors import ConfigError
 
 # ---------------------------------------------------------------- inputs

@@ -23,8 +23,7 @@ import torch
 
 from ._batch import Returns, run
 from ._checks import check_device, check_fn, check_timeout
-from ._output import ResultCheck
-from ._policy import Policy
+from ._policy import Policy, ResultCheck
 from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
 from .auto import AutoExecutor, Calibration, Calibrator

@@ -23,8 +23,21 @@ import prep
 import prep.run
 from prep.errors import VmapUnsupported
 from tests import rowfns
+from tests.conftest import pool_children, shm_entries, wait_until
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leaks_after_the_tables():
+    """The pools stay warm from row to row of the tables (a fresh process pool per row
+    would cost seconds each); once they are done, nothing may be left behind."""
+    before = shm_entries()
+    yield
+    prep.shutdown()
+    assert wait_until(lambda: not pool_children()), f"processes left: {pool_children()}"
+    assert wait_until(lambda: shm_entries() <= before), f"shm left: {shm_entries() - before}"
+
 
 EVERY = sorted(prep.executors)
 PER_ROW = ["serial", "threads", "processes", "joblib", "auto"]
@@ -185,14 +198,14 @@ def _table(cases: list[tuple[str, Call, type, str]], executors: list[str]) -> An
 
 
 @_table(EVERY_EXECUTOR, EVERY)
-def test_every_executor_refuses_it_before_any_row(no_leaks, executor, call, error, fragment):
+def test_every_executor_refuses_it_before_any_row(executor, call, error, fragment):
     with pytest.raises(error) as raised:
         call(executor)
     assert fragment in str(raised.value)
 
 
 @_table(PER_ROW_EXECUTOR, PER_ROW)
-def test_every_per_row_executor_names_the_argument(no_leaks, executor, call, error, fragment):
+def test_every_per_row_executor_names_the_argument(executor, call, error, fragment):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the failed rows' one warning
         with pytest.raises(error) as raised:
@@ -215,7 +228,7 @@ def test_vmap_says_why_it_cannot_run_a_function(executor, call, error, fragment)
 
 @pytest.mark.parametrize("executor", PER_ROW)
 @pytest.mark.parametrize("kind", ["none", "list", "dtype", "rank"])
-def test_a_bad_return_value_is_a_failed_row_with_its_index(no_leaks, executor, kind):
+def test_a_bad_return_value_is_a_failed_row_with_its_index(executor, kind):
     batch = torch.arange(8.0)[:, None].repeat(1, 3)  # row i holds i
     with pytest.warns(RuntimeWarning, match=r"1 of 8 rows failed and were filled"):
         out, valid, errors = prep.map_rows(
@@ -231,7 +244,7 @@ def test_a_bad_return_value_is_a_failed_row_with_its_index(no_leaks, executor, k
 
 
 @pytest.mark.parametrize("executor", POOLS)
-def test_skip_leaves_a_bad_return_value_out(no_leaks, executor):
+def test_skip_leaves_a_bad_return_value_out(executor):
     with pytest.warns(RuntimeWarning, match=r"1 of 6 rows failed and were left out"):
         out = prep.map_samples(
             returns_none, list(torch.arange(6.0)[:, None]), executor=executor, workers=2,
@@ -244,7 +257,7 @@ def test_skip_leaves_a_bad_return_value_out(no_leaks, executor):
 
 
 @pytest.mark.parametrize("executor", EVERY)
-def test_a_batch_that_requires_grad_runs_and_returns_no_history(no_leaks, executor):
+def test_a_batch_that_requires_grad_runs_and_returns_no_history(executor):
     batch = torch.arange(12.0).reshape(3, 4).requires_grad_()
     fn = rowfns.affine  # has a twin, for vectorized
     got = prep.map_rows(fn, batch * 1, executor=executor, workers=2)  # a non-leaf batch
@@ -252,7 +265,7 @@ def test_a_batch_that_requires_grad_runs_and_returns_no_history(no_leaks, execut
 
 
 @pytest.mark.parametrize("executor", PER_ROW)
-def test_results_and_samples_that_require_grad_run_everywhere(no_leaks, executor):
+def test_results_and_samples_that_require_grad_run_everywhere(executor):
     w = torch.ones(4, requires_grad=True)
     got = prep.map_rows(lambda r: r * w, torch.ones(3, 4), executor=executor, workers=2)
     assert not got.requires_grad and torch.equal(got, torch.ones(3, 4))
@@ -265,14 +278,14 @@ def test_results_and_samples_that_require_grad_run_everywhere(no_leaks, executor
 
 
 @pytest.mark.parametrize("executor", POOLS)
-def test_an_astronomical_timeout_is_no_limit(no_leaks, executor):
+def test_an_astronomical_timeout_is_no_limit(executor):
     got = prep.map_rows(double, x, executor=executor, workers=2, timeout=10**400)
     assert torch.equal(got, x * 2)
     assert prep.Pool(executor, timeout=1e300).timeout is None
 
 
 @pytest.mark.parametrize("executor", POOLS)
-def test_out_with_pad_is_honoured_where_rows_fit(no_leaks, executor):
+def test_out_with_pad_is_honoured_where_rows_fit(executor):
     out = torch.full((4, 5), 7.0)
     got = prep.map_rows(double, x, executor=executor, workers=2, out=out, pad=-1)
     assert got is out
@@ -363,8 +376,8 @@ def test_chunks_back_out_of_order_keep_the_lowest_good_rows_reference():
     """Under processes a worker checks its rows against its own first good one; the
     parent then keeps serial's reference, the lowest good row, whatever chunk comes
     back first: here rows 4-7 return float64 and come back before rows 0-3."""
-    from prep._output import Output, ResultCheck
-    from prep._policy import Policy
+    from prep._output import Output
+    from prep._policy import Policy, ResultCheck
     from prep._rows import rows_of
     from prep.executors import Job
     from prep.executors._worker import merge_chunk

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from .._output import Output, ResultCheck, detached, flatten
-from .._policy import RAISE, Policy
+from .._output import Output, detached, flatten
+from .._policy import RAISE, Policy, ResultCheck
 from .._rows import Rows, TensorRows
 from ..errors import RemoteTraceback, RowError, SetupError, StackError
 from ._base import BLOCK, Job

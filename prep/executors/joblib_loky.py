@@ -22,7 +22,8 @@ from typing import Any
 import loky
 from loky.process_executor import TerminatedWorkerError
 
-from .._output import Output, ResultCheck
+from .._output import Output
+from .._policy import ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
