@@ -170,9 +170,11 @@ def test_shm_preflight(monkeypatch):
         prep.map_rows(rowfns.affine, x, executor="processes", workers=2)
 
 
-def test_cuda_tensors_never_reach_workers():
+def test_tensors_without_data_never_reach_workers():
+    # a meta tensor stood in for CUDA here; it is now refused before any executor (see
+    # tests/test_bad_inputs.py), and CUDA's own refusal is tested in tests/test_cuda.py
     meta = torch.empty(4, 2, device="meta")
-    with pytest.raises(prep.ConfigError, match=r"tensor on meta; workers never touch CUDA"):
+    with pytest.raises(prep.ConfigError, match=r"batch column 0 is on the meta device"):
         prep.map_rows(rowfns.affine, meta, executor="processes", workers=2)
 
 
