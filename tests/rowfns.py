@@ -179,3 +179,12 @@ def shaped(sample: torch.Tensor) -> torch.Tensor:
     dims, d0, d1, d2, dtype, value = (int(v) for v in sample[:6])
     kind = (torch.float32, torch.int64, torch.bool, torch.float16)[dtype]
     return torch.full((d0, d1, d2)[:dims], value, dtype=torch.float32).to(kind)
+
+
+def marks_then_sleeps(row: torch.Tensor, *, path: str, seconds: float) -> torch.Tensor:
+    """Touches ``path`` (a test waits for it: the batch has started, in a worker), then
+    sleeps: a test synchronises on the file, never on a sleep of its own."""
+    with open(path, "a"):
+        pass
+    time.sleep(seconds)
+    return row

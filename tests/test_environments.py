@@ -450,7 +450,7 @@ def test_a_function_workers_cannot_load_raises_function_load_error(tmp_path, how
     assert "IS ConfigError True" in done.stdout, report
     message = done.stdout.split("MESSAGE ", 1)[1].splitlines()[0]
     assert "vanishing_row_fn" in message, f"the error does not name the function\n{report}"
-    assert float(done.stdout.split("SECONDS ", 1)[1].split()[0]) < 30, report
+    # (never a hang: run_python's timeout fails the test; no wall-clock bound of its own)
     assert "POOL STILL WORKS" in done.stdout, report
     assert done.returncode == 0, report
 
