@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def file(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "cache" / "wisdom.json"
     monkeypatch.setenv(wisdom.ENV, str(path))
+    monkeypatch.setattr(wisdom, "busy", lambda: "")  # a quiet machine (injected)
     return path
 
 
@@ -214,9 +215,22 @@ def test_prep_forget_on_the_command_line(file, capsys):
 def test_an_interpreter_writes_what_auto_learned_by_the_time_it_exits(file):
     code = """
         import torch, prep
+        from prep.auto import wisdom
         from tests import wisdomfns
+        wisdom.busy = lambda: ""  # a quiet machine (injected)
         prep.map_rows(wisdomfns.doubled, torch.ones(64, 3))
     """
     python(code, file)
     entries = json.loads(file.read_text())["entries"]
     assert key_of(wisdomfns.doubled, torch.ones(64, 3)) in entries
+
+
+def test_figures_taken_on_a_busy_machine_are_not_remembered(file, monkeypatch):
+    monkeypatch.setattr(wisdom, "busy", lambda: "the load average is 5.1 on 2 cores")
+    with prep.Pool("auto", workers=2) as pool:
+        for _ in range(3):
+            pool.map_rows(wisdomfns.doubled, torch.ones(64, 3))
+        (cal,) = pool.choices()
+    wisdom.flush()
+    assert not file.exists()
+    assert "not remembered for later runs: the load average is 5.1 on 2 cores" in str(cal)

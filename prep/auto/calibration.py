@@ -107,6 +107,8 @@ class Calibration:
     wisdom_key: str | None = None
     #: what was last written to the wisdom file, so that a write happens on a change
     written: Any = None
+    #: explain already says that the figures were not remembered (a busy machine)
+    busy_noted: bool = False
 
     # ------------------------------------------------------------ wisdom
 

@@ -182,6 +182,12 @@ class AutoExecutor(Executor):
         with self._lock:
             if cal.wisdom_key is None or not cal.wisdom_changed():
                 return
+            busy = wisdom.busy()
+            if busy:  # figures taken while others use the cores would mislead later runs
+                if not cal.busy_noted:
+                    cal.busy_noted = True
+                    cal.note(f"batch {cal.batches}: not remembered for later runs: {busy}")
+                return
             entry = cal.to_wisdom()
         wisdom.remember_later(cal.wisdom_key, entry)
 

@@ -174,6 +174,20 @@ def key(fn: Callable[..., Any], layout: Any, rows: int, workers: int, options: A
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def busy() -> str:
+    """Why this machine's figures would mislead a later run now ("" when they would
+    not): other processes keep more than its cores busy (the last minute's load
+    average, which counts prep's own workers too, above the cores). A figure taken
+    then (a batched op on oversubscribed cores ran 100x slower here) would be
+    remembered as this machine's, and a later quiet run would start from it."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return ""
+    cores = available_cores()
+    return f"the load average is {load:.1f} on {cores} cores" if load > cores else ""
+
+
 # ---------------------------------------------------------------- the file
 
 
