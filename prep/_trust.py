@@ -26,6 +26,7 @@ a batched form's, against serial's). ``auto`` drops what disagrees
 from __future__ import annotations
 
 import copy
+import json
 import math
 import threading
 import warnings
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._identity import identity
 from ._output import Output, Spec, flatten
 from ._rows import Rows, SampleRows, TensorRows
 from ._state import WithState
@@ -195,9 +197,9 @@ def _same_leaves(a: Leaves, b: Leaves, atol: float = 0.0) -> bool:
 
 # ---------------------------------------------------------------- named executors
 
-# executors named by the user are checked once per function: ids of the functions
-# checked, per executor object (an executor lives as long as its pool)
-_checked: weakref.WeakKeyDictionary[Any, dict[int, Callable[..., Any]]] = (
+# executors named by the user are checked once per function: the functions checked,
+# per executor object (an executor lives as long as its pool)
+_checked: weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]] = (
     weakref.WeakKeyDictionary()
 )
 _lock = threading.Lock()
@@ -206,11 +208,16 @@ KEEP = 64
 
 
 def _first_time(executor: Any, fn: Callable[..., Any]) -> bool:
+    # by identity where there is one: a fresh partial or lambda of the same code and
+    # values each batch is the function already checked; else by id, kept alive so
+    # that its id is not reused meanwhile
+    who = identity(fn)
+    key: Any = json.dumps(who) if who is not None else id(fn)
     with _lock:
         seen = _checked.setdefault(executor, {})
-        if id(fn) in seen:
+        if key in seen:
             return False
-        seen[id(fn)] = fn  # kept alive with its id, so the id is not reused meanwhile
+        seen[key] = fn
         while len(seen) > KEEP:
             del seen[next(iter(seen))]
         return True

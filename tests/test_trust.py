@@ -223,3 +223,15 @@ def test_auto_keeps_a_function_that_writes_its_input_in_this_process(remembered,
         (cal,) = pool.choices()
     assert "writes into its input rows" in cal.dropped["processes"]
     assert torch.equal(out, torch.ones(32, 3)) and torch.equal(x, torch.ones(32, 3))  # as serial
+
+
+def test_a_fresh_lambda_of_the_same_code_each_batch_is_checked_once(monkeypatch):
+    import prep._trust as trust
+
+    probes = []
+    real = trust.Probe.take
+    monkeypatch.setattr(trust.Probe, "take", lambda *a, **k: probes.append(1) or real(*a, **k))
+    with prep.Pool("joblib", workers=2) as pool:
+        for _ in range(3):
+            pool.map_rows(lambda r: r * 2, torch.ones(8, 3))  # a new object each time
+    assert len(probes) == 1

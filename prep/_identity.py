@@ -1,0 +1,91 @@
+"""A row function's identity across interpreters: its name, a digest of its code, and
+stable stand-ins for the values bound to it (``functools.partial`` arguments, closure
+cells, defaults). Two objects with one identity compute the same thing; a function
+bound to a value without a stable stand-in (a lock, a model object) has none.
+
+Used by auto's wisdom (:mod:`prep.auto.wisdom`, the key of a remembered choice) and
+by the checks of :mod:`prep._trust` (a fresh ``functools.partial`` or lambda each
+batch is still the function already checked).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._rowwise import unwrap_partial
+
+__all__ = ["identity"]
+
+#: how deep bound arguments are followed into functions and containers
+DEPTH = 4
+
+
+def _code(code: types.CodeType) -> str:
+    """A digest of what a code object does (not where it sits in its file)."""
+    h = hashlib.sha256(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_argcount, code.co_flags)).encode())
+    for const in code.co_consts:
+        h.update(_code(const).encode() if isinstance(const, types.CodeType) else _const(const))
+    return h.hexdigest()
+
+
+def _const(value: Any) -> bytes:
+    if isinstance(value, frozenset):  # its repr's order follows the salted str hash
+        return repr(sorted(map(repr, value))).encode()
+    return repr(value).encode()
+
+
+def _value(v: Any, depth: int) -> Any:
+    """A stable stand-in for a value bound to the function; None where there is none."""
+    if depth > DEPTH:
+        return None
+    if v is None or isinstance(v, (bool, int, str, bytes)):
+        return repr(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else str(v)
+    if isinstance(v, torch.Tensor):  # the figures depend on shapes, not values
+        return f"tensor{tuple(v.shape)}{v.dtype}{v.device.type}"
+    if isinstance(v, (torch.dtype, torch.device)):
+        return str(v)
+    if isinstance(v, (tuple, list)):
+        items = [_value(x, depth + 1) for x in v]
+        return None if None in items else [type(v).__name__, *items]
+    if isinstance(v, dict):
+        pairs = [(str(k), _value(x, depth + 1)) for k, x in v.items()]
+        return None if any(x is None for _, x in pairs) else ["dict", *sorted(pairs)]
+    if isinstance(v, types.ModuleType):
+        return f"module {v.__name__}"
+    if isinstance(v, type):
+        return f"type {v.__module__}.{v.__qualname__}"
+    if callable(v):
+        return identity(v, depth + 1)
+    return None
+
+
+def identity(fn: Callable[..., Any], depth: int = 0) -> Any:
+    """The function's identity across interpreters: name, code digest and bound
+    values; None where something bound to it has no stable stand-in."""
+    inner = getattr(fn, "fn", None)
+    store = getattr(fn, "store", None)
+    if inner is not None and store is not None:  # a function given state= by setup=
+        setup = getattr(store, "setup", None)
+        parts = [identity(inner, depth + 1), identity(setup, depth + 1) if setup else None]
+        return None if None in parts else ["with setup", *parts]
+    base, args, kwargs = unwrap_partial(fn)
+    bound = [_value(a, depth + 1) for a in args]
+    bound += [_value({k: v}, depth + 1) for k, v in sorted(kwargs.items())]
+    name = f"{getattr(base, '__module__', None)}.{getattr(base, '__qualname__', None)}"
+    code = getattr(base, "__code__", None)
+    if code is None:  # a builtin (torch.neg) is its name; a callable object is not known
+        return ["builtin", name, *bound] if isinstance(base, types.BuiltinFunctionType) else None
+    cells = [_value(c.cell_contents, depth + 1) for c in getattr(base, "__closure__", None) or ()]
+    defaults = _value(list(getattr(base, "__defaults__", None) or ()), depth + 1)
+    kwdefaults = _value(dict(getattr(base, "__kwdefaults__", None) or {}), depth + 1)
+    parts = [name, _code(code), *bound, *cells, defaults, kwdefaults]
+    return None if None in parts else parts
