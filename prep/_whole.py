@@ -33,17 +33,25 @@ def policy_of(options: dict[str, Any]) -> Policy:
 
 
 class _Delivered(Executor):
-    """The executor ``_batch.run`` sees for a whole batch: the ticket's output. A batch
+    """The executor ``_batch.run`` sees for a stream's whole batches: the output of the
+    ticket :meth:`take` is given. One per stream, so that the checks ``_batch.run``
+    makes once per executor and function (serial is the reference) run once. A batch
     whose worker died under ``on_error='fill'``/``'skip'`` runs again through
     ``isolate`` (the pool's processes, which run such rows one by one)."""
 
-    name = "whole"
+    name = "whole threads"
 
-    def __init__(self, ticket: Ticket, isolate: Callable[[], Executor]) -> None:
+    def __init__(self, isolate: Callable[[], Executor]) -> None:
         super().__init__(1)
-        self.ticket, self.isolate = ticket, isolate
+        self.isolate = isolate
+        self.ticket: Ticket | None = None
+
+    def take(self, ticket: Ticket) -> _Delivered:
+        self.ticket = ticket  # one stream's producer thread is its only caller
+        return self
 
     def run(self, job: Job) -> Output | None:
+        assert self.ticket is not None, "take(ticket) comes before run"
         try:
             output, errors = self.ticket.result()
         except WorkerCrashed:
@@ -53,7 +61,15 @@ class _Delivered(Executor):
         for row, error in errors.items():
             job.failures.add(row, error)
         job.output = output
+        self.ticket = None
         return output
+
+
+class _DeliveredProcesses(_Delivered):
+    """Whole batches built in worker processes: another interpreter than serial's."""
+
+    name = "whole processes"
+    needs_processes = True
 
 
 class Delivery:
@@ -108,6 +124,7 @@ class Submitter:
         self.workers: Any = None  # picked, and the function sent, at the first whole batch
         self.policy = policy_of(options)
         self.key: Any = None
+        self.delivered: _Delivered | None = None
 
     def __call__(self, batch: Any) -> Any:
         from ._stream import Ran
@@ -126,10 +143,13 @@ class Submitter:
                 self.workers = self.pick(rows)
                 self.key = self.workers.prepare(self.fn)
                 self.plan.flavour = self.workers.name
+                kind = _DeliveredProcesses if self.workers.name == "processes" else _Delivered
+                self.delivered = kind(self.isolate)
             ticket = self.workers.submit(self.key, rows, self.policy, self.timeout)
         except BaseException as exc:  # raised in its place in the order, as split's are
             return Ran(error=exc)
         return Delivery(ticket, self._take, self.plan)
 
     def _take(self, ticket: Ticket) -> Any:
-        return self._finish(_Delivered(ticket, self.isolate), ticket.rows)
+        assert self.delivered is not None, "made with the first whole batch"
+        return self._finish(self.delivered.take(ticket), ticket.rows)

@@ -497,3 +497,30 @@ def test_batches_must_be_an_iterable():
         pytest.raises(TypeError, match=r"^batches must be an iterable .*got int 5$"),
     ):
         pool.imap(rowfns.affine, 5)
+
+
+# ------------------------------------------------------------------ split: the output's shape
+
+
+def width_of_batch(row: torch.Tensor) -> torch.Tensor:
+    """Rows of batch k return k + 1 values: the shape changes from batch to batch."""
+    return torch.full((int(row[0]) // 4 + 1,), float(row[0]))
+
+
+def odd_row_wider(row: torch.Tensor) -> torch.Tensor:
+    """Row 5 returns one value more than the others: a StackError that names it."""
+    return torch.zeros(3 if int(row[0]) == 5 else 2)
+
+
+@pytest.mark.timeout(120)
+def test_processes_remember_the_output_shape_and_relearn_it_when_it_changes():
+    batches = [batch(k) for k in range(4)]
+    with prep.Pool("processes", workers=2) as pool, prep.Pool("serial") as ref:
+        for b in batches + batches[::-1]:
+            assert _same(pool.map_rows(width_of_batch, b), ref.map_rows(width_of_batch, b))
+        pool.map_rows(odd_row_wider, batch(0))  # its shape remembered: 2 values a row
+        with pytest.raises(prep.StackError) as got:
+            pool.map_rows(odd_row_wider, batch(1))  # rows 4-7: row 5 differs
+        with pytest.raises(prep.StackError) as want:
+            ref.map_rows(odd_row_wider, batch(1))
+    assert str(got.value) == str(want.value)
