@@ -87,9 +87,11 @@ def check_fn(fn: Any, data: Any, call: str, data_name: str) -> None:
             f"{call}() got a {type(fn).__name__} first and a function second: the arguments "
             f"are swapped; call {call}(fn, {data_name}), the row function first"
         )
+    kind = type(fn).__name__
+    usage = f"{call}(fn, {data_name})" if data is not None else "map_rows(fn, batch)"
     raise TypeError(
-        f"fn={_short(fn)} is not a function but a {type(fn).__name__}; {call} takes the "
-        f"row function first: {call}(fn, {data_name})"
+        f"fn={_short(fn)} is not a function but {'an' if kind[0] in 'aeiou' else 'a'} "
+        f"{kind}; the row function comes first: {usage}"
     )
 
 

@@ -63,13 +63,11 @@ def detached(result: Any) -> Any:
 
 
 def fits(value: bool | int | float, dtype: torch.dtype) -> bool:
-    """Whether ``value`` can be stored in ``dtype`` exactly as given: nan in an int, 300
-    in uint8, -1 in uint8, 1.5 in int64 or 1e40 in float32 cannot (torch would refuse
-    some and wrap or round others, depending on the op)."""
-    if dtype == torch.bool:
-        return value in (0, 1)
-    if dtype.is_complex:
-        return True
+    """Whether ``value`` can be stored in ``dtype`` as given: nan in an int, 300 in
+    uint8, -1 in uint8, 1.5 in int64 or 1e40 in float32 cannot (torch would refuse some
+    and wrap or round others, depending on the op)."""
+    if dtype == torch.bool or dtype.is_complex:
+        return True  # a bool output holds truth (fill=-1 on a mask is True, as torch says)
     if dtype.is_floating_point:
         if isinstance(value, float) and not math.isfinite(value):
             return True  # nan and inf exist in every float dtype

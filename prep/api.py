@@ -149,6 +149,7 @@ def _call(
     return_errors: bool = False,
     progress: bool = False,
 ) -> Any:
+    check_fn(fn, None, "map_rows", "batch")  # a Pool's calls come here only
     policy = Policy.of(pad, pad_to, on_error, fill)
     returns = Returns(return_lengths, return_valid, return_errors)
     if policy.per_row_errors:  # a bad result (None, another dtype) then fails its row only

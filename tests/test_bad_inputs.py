@@ -134,6 +134,8 @@ EVERY_EXECUTOR = [
     ("samples-None", samples(double, None), TypeError, "samples=None is not a sequence"),
     ("samples-0d", samples(double, torch.tensor(3.0)), TypeError, "samples is a 0-d tensor"),
     ("pool-samples-int", pool_samples(double, 7), TypeError, "samples=7 is not a sequence"),
+    ("pool-fn-not-callable", pool_samples(None, [x[0]]), TypeError,
+     "fn=None is not a function but a NoneType; the row function comes first"),
     ("rows-swapped", lambda ex: prep.map_rows(x, double, executor=ex), TypeError,
      "the arguments are swapped; call map_rows(fn, batch)"),
     ("samples-swapped", lambda ex: prep.map_samples(list(x), double, executor=ex), TypeError,
@@ -142,7 +144,7 @@ EVERY_EXECUTOR = [
      "the arguments look swapped; call map_rows(fn, batch)"),
     ("pool-samples-swapped", pool_samples(list(x), double), TypeError,
      "the arguments look swapped; call map_samples(fn, samples)"),
-    ("fn-not-callable", rows(3, x), TypeError, "fn=3 is not a function but a int"),
+    ("fn-not-callable", rows(3, x), TypeError, "fn=3 is not a function but an int"),
     ("setup-without-state", rows(double, setup=make_state), prep.ConfigError,
      "setup=make_state gives the row function its state as the keyword state=, but "
      "tests.test_bad_inputs.double has no state parameter"),
