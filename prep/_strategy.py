@@ -156,14 +156,25 @@ class StrategyPlan:
         """Whole batches timed before the choice (after ``workers`` untimed ones)."""
         return 3
 
-    def next(self) -> str:
-        """The strategy of the next batch submitted."""
+    def trying_whole(self) -> bool:
+        """Whether ``auto``'s trial is at its whole batches (their workers must be ready)."""
+        return (
+            self.strategy == "auto"
+            and self.choice is None
+            and self.submitted["split"] >= self.SPLIT_TRIAL
+        )
+
+    def next(self, whole_ready: bool = True) -> str:
+        """The strategy of the next batch submitted. ``auto`` splits while the whole-batch
+        workers are not ready (prep's forkserver starting in the background): the
+        stream never waits for a trial."""
         if self.strategy != "auto":
             name = self.strategy
         elif self.choice is not None:
             name = self.choice.strategy
         else:
-            name = "split" if self.submitted["split"] < self.SPLIT_TRIAL else "whole"
+            trial = self.submitted["split"] < self.SPLIT_TRIAL or not whole_ready
+            name = "split" if trial else "whole"
         self.submitted[name] += 1
         return name
 

@@ -129,7 +129,13 @@ class Submitter:
     def __call__(self, batch: Any) -> Any:
         from ._stream import Ran
 
-        if self.plan.next() == "split":
+        ready = True
+        if self.plan.trying_whole():
+            try:
+                ready = self._pick(batch).ready()
+            except BaseException as exc:  # raised in its place in the order, as split's are
+                return Ran(error=exc)
+        if self.plan.next(whole_ready=ready) == "split":
             t = time.perf_counter()
             ran = Ran.of(self.split, batch)
             if ran.error is None:
@@ -137,18 +143,25 @@ class Submitter:
                 self.plan.split_ran(n, time.perf_counter() - t)
             return ran
         try:
-            rows: Rows = SampleRows(list(batch)) if self.samples else rows_of(batch)
-            if self.workers is None:
-                assert self.pick is not None, "a plan with whole batches has workers to pick"
-                self.workers = self.pick(rows)
-                self.key = self.workers.prepare(self.fn)
-                self.plan.flavour = self.workers.name
-                kind = _DeliveredProcesses if self.workers.name == "processes" else _Delivered
-                self.delivered = kind(self.isolate)
-            ticket = self.workers.submit(self.key, rows, self.policy, self.timeout)
+            rows = self._rows(batch)
+            ticket = self._pick(batch).submit(self.key, rows, self.policy, self.timeout)
         except BaseException as exc:  # raised in its place in the order, as split's are
             return Ran(error=exc)
         return Delivery(ticket, self._take, self.plan)
+
+    def _rows(self, batch: Any) -> Rows:
+        return SampleRows(list(batch)) if self.samples else rows_of(batch)
+
+    def _pick(self, batch: Any) -> Any:
+        """The whole-batch workers, picked (and sent the function) on first use."""
+        if self.workers is None:
+            assert self.pick is not None, "a plan with whole batches has workers to pick"
+            self.workers = self.pick(self._rows(batch))
+            self.key = self.workers.prepare(self.fn)
+            self.plan.flavour = self.workers.name
+            kind = _DeliveredProcesses if self.workers.name == "processes" else _Delivered
+            self.delivered = kind(self.isolate)
+        return self.workers
 
     def _take(self, ticket: Ticket) -> Any:
         assert self.delivered is not None, "made with the first whole batch"

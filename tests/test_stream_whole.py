@@ -524,3 +524,13 @@ def test_processes_remember_the_output_shape_and_relearn_it_when_it_changes():
         with pytest.raises(prep.StackError) as want:
             ref.map_rows(odd_row_wider, batch(1))
     assert str(got.value) == str(want.value)
+
+
+def test_auto_splits_while_the_whole_batch_workers_are_not_ready():
+    plan = StrategyPlan("auto", workers=2)
+    got = [plan.next() for _ in range(plan.SPLIT_TRIAL)]
+    assert plan.trying_whole()
+    got += [plan.next(whole_ready=False) for _ in range(5)]  # prep's forkserver starting
+    assert got == ["split"] * (plan.SPLIT_TRIAL + 5)
+    assert plan.next(whole_ready=True) == "whole"
+    assert StrategyPlan("whole", workers=2).next(whole_ready=False) == "whole"  # as asked

@@ -82,6 +82,9 @@ class ThreadBatches:
                 t.start()
                 self._threads.append(t)
 
+    def ready(self) -> bool:
+        return True  # threads start at once
+
     def prepare(self, fn: Any) -> Any:
         return fn  # threads share the function itself
 

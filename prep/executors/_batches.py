@@ -196,6 +196,14 @@ class ProcessBatches:
             if polite:
                 self._lock.release()
 
+    def ready(self) -> bool:
+        """Whether workers start without waiting for prep's forkserver (it imports torch,
+        once per interpreter: seconds); if not, it is started in the background."""
+        if self._lanes or (_spawn.server_running() and _spawn.start_costs().worker is not None):
+            return True
+        _spawn.warm_up()
+        return False
+
     # ------------------------------------------------------------ submitting
 
     def prepare(self, fn: Any) -> str:
