@@ -133,6 +133,12 @@ class ResultCheck:
         return (out.spec, tuple(self._leaf(b.dtype, b.shape[1:]) for b in out.buffers))
 
     def __call__(self, result: Any) -> None:
+        first = self.first
+        if type(result) is torch.Tensor and first is not None and first[0].kind == "tensor":
+            # the common case, kept short: one tensor like the reference's
+            dtype, size = first[1][0]
+            if result.dtype == dtype and (result.dim() if self.padded else result.shape) == size:
+                return
         spec, leaves = flatten(result)  # a TypeError that says what it must return
         layout = (spec, tuple(self._leaf(t.dtype, t.shape) for t in leaves))
         if self.first is None:
