@@ -8,6 +8,8 @@ ratio divides figures of the same run):
     python scripts/bench_stream.py --jobs hash,tokens --repeat 7
 
 The jobs need nothing downloaded (the ``bench`` extra: pillow, tokenizers):
+  fixed    what a stream costs beyond its rows: ms a batch and us a row above serial,
+           for serial, processes split and processes whole (trivial rows)
   jpeg     decode a JPEG (textured images made and encoded in memory with PIL),
            centre crop, resize to 224: uint8 [3, 224, 224]; batches of 64
   tokens   a WordPiece tokenizer trained in memory on generated text (2,048 of
@@ -460,12 +462,77 @@ def jobs(quick: bool, workers: int, which: set[str]) -> Iterator[Job]:
                   step=per_batch / workers)  # fmt: skip
 
 
+# ------------------------------------------------------------------ fixed costs
+
+
+def identity(row: torch.Tensor) -> torch.Tensor:
+    return row
+
+
+def first_n(row: torch.Tensor) -> torch.Tensor:
+    """A ragged row of token ids: its first ``row[0]`` values (16-512)."""
+    return row[1 : 1 + int(row[0])]
+
+
+def fixed_costs(workers: int, repeat: int) -> list[str]:
+    """What a stream pays beyond its rows, per batch and per row (issue 20's targets:
+    processes <= 0.3 ms a batch, <= 5 us a row above serial, <= 10 us a row with pad=),
+    for serial, processes split and processes whole: streams of trivial rows."""
+    g = torch.Generator().manual_seed(0)
+    tiny = [torch.zeros(16, 4) for _ in range(200)]
+    wide = [torch.zeros(4096, 4) for _ in range(12)]
+    ragged = []
+    for _ in range(12):
+        ids = torch.randint(1, 30_000, (256, 513), generator=g)
+        ids[:, 0] = torch.randint(16, 513, (256,), generator=g)
+        ragged.append(ids)
+    cases = {"tiny": (identity, tiny, {}), "wide": (identity, wide, {}),
+             "ragged": (first_n, ragged, {"pad": 0})}  # fmt: skip
+    ways = {"serial": ("serial", "split"), "processes split": ("processes", "split"),
+            "processes whole": ("processes", "whole")}  # fmt: skip
+    pools = {name: prep.Pool(ex, workers=workers) for name, (ex, _) in ways.items()}
+    try:
+        runs = {
+            f"{case} {name}": (
+                lambda p=pools[name], f=fn, b=batches, o=opts, s=ways[name][1]: list(
+                    p.imap(f, b, strategy=s, **o)
+                )
+            )
+            for case, (fn, batches, opts) in cases.items()
+            for name in ways
+        }
+        t = interleaved(runs, repeat, 1)
+    finally:
+        for p in pools.values():
+            p.close()
+    rows = []
+    for case, (_, batches, _) in cases.items():
+        n, per = len(batches), len(batches[0])
+        base = t[f"{case} serial"].median / n
+        for name in ways:
+            batch = t[f"{case} {name}"].median / n
+            # the stream's cost beyond serial's, on all workers together (the CPU it costs)
+            over = (batch * (1 if name == "serial" else workers) - base) / per * 1e6
+            rows.append(
+                [case, name, f"{batch * 1e3:.3f}", f"{over:+.2f}" if name != "serial" else "-"]
+            )
+    return [
+        f"### fixed costs: trivial rows, {workers} workers (ms a batch; us a row above serial, "
+        f"times the workers: the CPU the stream adds)",
+        "tiny: 16 rows of 4 floats; wide: 4,096 rows of 4 floats; ragged: 256 rows of 16-512 "
+        "token ids, pad=0",
+        "",
+        table(rows, ["batches", "way", "ms a batch", "us a row above serial (x workers)"]),
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small jobs, 2 repeats")
-    parser.add_argument("--jobs", default="jpeg,tokens,hash,overlap")
+    parser.add_argument("--jobs", default="fixed,jpeg,tokens,hash,overlap")
     args = parser.parse_args(argv)
     repeat = 2 if args.quick else args.repeat
     torch.set_num_threads(1)  # as the DataLoader's workers do; the loop is single-threaded
@@ -474,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     out += [f"figures: medians of {repeat} interleaved passes, each tool warm; 'x bound' "
             f"divides by the bound named under each job (>= 0.91 is within 1.1x)", ""]  # fmt: skip
     print("\n".join(out), flush=True)
+    if "fixed" in args.jobs.split(","):
+        print("\n".join(fixed_costs(args.workers, repeat)), flush=True)
     for job in jobs(args.quick, args.workers, set(args.jobs.split(","))):
         timings, wrong, explains = race(job, args.workers, repeat)
         lines = report(job, args.workers, timings, wrong)
