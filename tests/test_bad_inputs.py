@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +136,12 @@ EVERY_EXECUTOR = [
     ("pool-samples-int", pool_samples(double, 7), TypeError, "samples=7 is not a sequence"),
     ("pool-fn-not-callable", pool_samples(None, [x[0]]), TypeError,
      "fn=None is not a function but a NoneType; the row function comes first"),
-    ("rows-swapped", lambda ex: prep.map_rows(x, double, executor=ex), TypeError,
+    ("rows-swapped", lambda ex: prep.map_rows(x, double, executor=ex),  # type: ignore[arg-type]
+     TypeError,
      "the arguments are swapped; call map_rows(fn, batch)"),
-    ("samples-swapped", lambda ex: prep.map_samples(list(x), double, executor=ex), TypeError,
+    ("samples-swapped",
+     lambda ex: prep.map_samples(list(x), double, executor=ex),  # type: ignore[arg-type]
+     TypeError,
      "the arguments are swapped; call map_samples(fn, samples)"),
     ("pool-rows-swapped", pool_rows(x, double), TypeError,
      "the arguments look swapped; call map_rows(fn, batch)"),
@@ -188,7 +191,9 @@ VMAP_ONLY = [
 ]  # fmt: skip
 
 
-def _table(cases: list[tuple[str, Call, type, str]], executors: list[str]) -> Any:
+def _table(
+    cases: Sequence[tuple[str, Call, type[BaseException], str]], executors: list[str]
+) -> Any:
     return pytest.mark.parametrize(
         ("executor", "call", "error", "fragment"),
         [
