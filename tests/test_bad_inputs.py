@@ -414,3 +414,13 @@ def test_prep_run_with_setup_for_a_function_without_state(tmp_path: Path, capsys
     assert code == 2 and "Traceback" not in err
     assert "--setup tests.test_bad_inputs:make_state gives --fn" in err
     assert "has no state parameter" in err
+
+
+def test_prep_run_explain_without_a_required_arg_says_so(tmp_path: Path, capsys):
+    data = tmp_path / "data"
+    prep.run.make_shards(data, shards=1, rows=4, seq=6, dim=2)
+    code = _prep("run", data, "--out", tmp_path / "out", "--fn", "prep.ops:side_context_row",
+                 "--explain")  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "missing a required argument: 'max_len'" in err

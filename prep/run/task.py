@@ -330,6 +330,7 @@ def explain_first_shard(
     check_rows(config)
     first = find_shards(inputs)[0].path  # find_shards raises ConfigError when there are none
     batch, rows = _batch(load_shard(first, trust_pickle=config.trust_pickle), config.columns, first)
+    check_call(config, list(batch) if isinstance(batch, dict) else None)
     if rows == 0:
         raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
     fn = _bound(config.fn, config.args)
