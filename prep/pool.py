@@ -4,34 +4,22 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ._checks import check_device, check_timeout
-from ._progress import CountBar
 from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
-from ._strategy import FLAVOUR, StrategyPlan, check_strategy
-from ._stream import Stream, check_prefetch
-from ._whole import Submitter, policy_of
+from ._stream import Stream
+from ._streams import Streams
+from ._whole import policy_of
 from .api import AUTO, _call, _check_name, _choose
 from .auto import AutoExecutor, Calibration
 from .auto.calibration import signature
 from .errors import ConfigError
-from .executors import REGISTRY, Executor, in_worker_process, resolve_workers
-from .executors._batch_threads import ThreadBatches
-from .executors._batches import ProcessBatches
+from .executors import REGISTRY, Executor, resolve_workers
 
 __all__ = ["Pool"]
-
-#: the whole-batch workers of each flavour (``Pool.imap(strategy="whole")``)
-WHOLE: dict[str, type[ProcessBatches] | type[ThreadBatches]] = {
-    "processes": ProcessBatches,
-    "threads": ThreadBatches,
-}
-#: streams whose strategy ``explain()`` describes, the latest last
-PLANS = 4
 
 
 class Pool:
@@ -59,9 +47,7 @@ class Pool:
         self.device = check_device(device)
         self.timeout = check_timeout(timeout)
         self._executors: dict[str, Executor] = {}
-        self._whole: dict[str, ProcessBatches | ThreadBatches] = {}
-        self._plans: list[StrategyPlan] = []
-        self._strategies: dict[Any, StrategyPlan] = {}  # auto's, per function and options
+        self._streams = Streams(self.workers)  # whole-batch workers, auto's stream plans
         self._closed = False
         self._lock = threading.Lock()  # two threads' first calls build one executor
         self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
@@ -73,15 +59,6 @@ class Pool:
             ex = self._executors.get(name)
             if ex is None:
                 ex = self._executors[name] = REGISTRY[name](self.workers)
-            return ex
-
-    def _whole_workers(self, flavour: str) -> ProcessBatches | ThreadBatches:
-        with self._lock:
-            if self._closed:
-                raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
-            ex = self._whole.get(flavour)
-            if ex is None:
-                ex = self._whole[flavour] = WHOLE[flavour](self.workers)
             return ex
 
     def map_rows(self, fn: Callable[..., Any], batch: Any, **options: Any) -> Any:
@@ -158,107 +135,42 @@ class Pool:
         if self._closed:
             raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
         name = _choose(self.executor)
-        flavour = FLAVOUR.get(name)
-        if flavour == "processes" and in_worker_process():
-            flavour = "threads"  # a DataLoader worker cannot have children
-        prefetch = self._prefetch(prefetch, strategy, name)
-        strategy = check_strategy(strategy, name, self.workers, prefetch)
-        if options.get("out") is not None and prefetch != 0:
-            raise ConfigError(
-                f"out= is one buffer, but imap prepares up to prefetch={prefetch!r} batches "
-                f"while you hold the current one: they would overwrite it; drop out= (each "
-                f"batch gets its own output), or pass prefetch=0"
-            )
-        samples = method == self.map_samples
-        meter = CountBar("batch") if options.pop("progress", self.progress) else None
-
-        def split(batch: Any) -> Any:
-            out = method(fn, batch, progress=False, **options)
-            if meter is not None:
-                meter.advance(len(batch) if samples else len(rows_of(batch)))
-            return out
-
+        progress = options.pop("progress", self.progress)
         bound = self._binder.bind(fn) if self._binder is not None else fn
 
         def finish(ex: Executor, rows: Rows) -> Any:
-            out = _call(
+            return _call(
                 ex, bound, rows, device=self.device, timeout=self.timeout, progress=False,
                 **options,
             )  # fmt: skip
-            if meter is not None:
-                meter.advance(len(rows))
-            return out
 
-        plan = self._plan(strategy, (bound, samples, repr(sorted(options.items()))))
-
-        def workers(rows: Rows) -> ProcessBatches | ThreadBatches:
-            assert flavour is not None, "whole batches need a flavour (check_strategy)"
-            if (
-                name == AUTO
-                and flavour == "processes"
-                and self._auto_chose(bound, rows, options) == "threads"
-            ):
-                return self._whole_workers("threads")  # the rows release the GIL: no transport
-            return self._whole_workers(flavour)
-
-        submit = Submitter(
-            plan, samples, split, finish, bound, options, workers if flavour else None,
+        return self._streams.open(
+            name, batches, prefetch, strategy,
+            lambda batch: method(fn, batch, progress=False, **options), finish, bound, options,
+            samples=method == self.map_samples, progress=progress,
+            threads_instead=lambda rows: name == AUTO and self._auto_chose(bound, rows, options),
             isolate=lambda: self._get("processes"), timeout=self.timeout,
         )  # fmt: skip
-        stream = Stream(split, batches, prefetch, submit=submit)
-        if meter is not None:
-            weakref.finalize(stream, meter.close)
-        return stream
 
-    def _plan(self, strategy: str, key: Any) -> StrategyPlan:
-        """The stream's plan: for ``auto``, the one of earlier streams of the same
-        function and options (its trial is paid once per pool), the latest in explain."""
-        with self._lock:
-            try:
-                plan = self._strategies.pop(key, None) if strategy == "auto" else None
-            except TypeError:  # an unhashable callable: measured each stream
-                key, plan = None, None
-            if plan is None:
-                plan = StrategyPlan(strategy, self.workers)
-            if key is not None and strategy == "auto":
-                self._strategies[key] = plan  # re-inserted last: the newest
-                while len(self._strategies) > 64:
-                    del self._strategies[next(iter(self._strategies))]
-            plan.streams += 1
-            self._plans = [p for p in self._plans if p is not plan][-(PLANS - 1) :] + [plan]
-        return plan
-
-    def _auto_chose(self, fn: Any, rows: Rows, options: dict[str, Any]) -> str | None:
-        """The executor ``auto`` runs for batches like ``rows`` of ``fn`` (None: none yet):
-        where it chose threads, the rows release the GIL, and whole batches go to
-        threads too."""
+    def _auto_chose(self, fn: Any, rows: Rows, options: dict[str, Any]) -> bool:
+        """Whether ``auto`` runs batches like ``rows`` of ``fn`` on threads (the rows
+        release the GIL): then whole batches go to threads too."""
         auto = self._executors.get(AUTO)
         if not isinstance(auto, AutoExecutor):
-            return None
+            return False
         pin = self.device is not None and self.device.type == "cuda"
         pin = pin and rows.device.type == "cpu"
         cal = auto.choices().get(signature(fn, rows, pin, policy_of(options)))
-        return cal.choice if cal is not None else None
-
-    def _prefetch(self, prefetch: Any, strategy: Any, name: str) -> int:
-        """``prefetch`` checked; None: two batches per worker where whole batches may
-        run (as a DataLoader's prefetch_factor=2 does), else two."""
-        if prefetch is not None:
-            return check_prefetch(prefetch)
-        whole = strategy in ("whole", "auto") and name in FLAVOUR and self.workers > 1
-        return 2 * self.workers if whole else 2
+        return cal is not None and cal.choice == "threads"
 
     def explain(self) -> str:
         """What ``auto`` measured and chose for each signature this pool has seen, and
         the strategy of its latest streams (``imap``)."""
         auto = self._executors.get(AUTO)
         text = auto.explain() if isinstance(auto, AutoExecutor) else "nothing yet"
-        with self._lock:
-            plans = list(self._plans)
+        plans = self._streams.describe()
         if plans:
-            text = "\n".join(
-                [text if text != "nothing yet" else "", *(p.describe() for p in plans)]
-            ).strip()
+            text = "\n".join([text if text != "nothing yet" else "", *plans]).strip()
         return text
 
     def choices(self) -> list[Calibration]:
@@ -274,11 +186,11 @@ class Pool:
         with self._lock:
             self._closed = True
             executors, self._executors = self._executors, {}
-            whole, self._whole = self._whole, {}
         if os.getpid() != self._pid:
             return
-        for ex in [*executors.values(), *whole.values()]:
+        for ex in executors.values():
             ex.close()
+        self._streams.close()
         if self._binder is not None:
             self._binder.close()  # the states of this process's workers (serial, threads)
 

@@ -190,7 +190,7 @@ def test_setup_state_is_built_once_per_worker_process_and_kept():
     batches = [batch(k) for k in range(12)]
     with prep.Pool("processes", workers=2, setup=statefns.make_tracked) as pool:
         outs = list(pool.imap(statefns.where, batches, strategy="whole", prefetch=4))
-        whole_pids = set(pool._whole["processes"].pids)
+        whole_pids = set(pool._streams.whole_workers("processes").pids)
     seen = {(int(o[0]), int(o[2])) for out in outs for o in out}
     pids = {pid for pid, _ in seen}
     assert pids <= whole_pids and os.getpid() not in pids

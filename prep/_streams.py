@@ -1,0 +1,160 @@
+"""What a :class:`~prep.Pool`'s streams share: its whole-batch workers, ``auto``'s plan
+per function and options (so an epoch loop pays the strategy trial once), and the
+latest plans, which ``Pool.explain()`` describes.
+
+    Pool.imap ─▶ Streams.open ─▶ Stream(submit=Submitter)
+                                   │ split: the pool's map_rows, in the stream's thread
+                                   └ whole: ProcessBatches / ThreadBatches (kept here)
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ._progress import CountBar
+from ._rows import Rows, rows_of
+from ._strategy import FLAVOUR, StrategyPlan, check_strategy
+from ._stream import Stream, check_prefetch
+from ._whole import Submitter
+from .errors import ConfigError
+from .executors import Executor, in_worker_process
+from .executors._batch_threads import ThreadBatches
+from .executors._batches import ProcessBatches
+
+__all__ = ["WHOLE", "Streams"]
+
+#: the whole-batch workers of each flavour (``Pool.imap(strategy="whole")``)
+WHOLE: dict[str, type[ProcessBatches] | type[ThreadBatches]] = {
+    "processes": ProcessBatches,
+    "threads": ThreadBatches,
+}
+#: streams whose strategy ``explain()`` describes, the latest last
+PLANS = 4
+#: functions (with their options) whose auto plan a pool keeps
+KEPT = 64
+
+Whole = ProcessBatches | ThreadBatches
+
+
+class Streams:
+    """One pool's: ``workers`` each, whole-batch workers made on first use."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._whole: dict[str, Whole] = {}
+        self._kept: dict[Any, StrategyPlan] = {}
+        self._latest: list[StrategyPlan] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def whole_workers(self, flavour: str) -> Whole:
+        with self._lock:
+            if self._closed:
+                raise ConfigError("the pool is closed; create a new prep.Pool")
+            ex = self._whole.get(flavour)
+            if ex is None:
+                ex = self._whole[flavour] = WHOLE[flavour](self.workers)
+            return ex
+
+    def plan(self, strategy: str, key: Any) -> StrategyPlan:
+        """The stream's plan: for ``auto``, the one of earlier streams of the same
+        function and options (its trial is paid once per pool)."""
+        with self._lock:
+            try:
+                plan = self._kept.pop(key, None) if strategy == "auto" else None
+            except TypeError:  # an unhashable callable: measured each stream
+                key, plan = None, None
+            if plan is None:
+                plan = StrategyPlan(strategy, self.workers)
+            if key is not None and strategy == "auto":
+                self._kept[key] = plan  # re-inserted last: the newest
+                while len(self._kept) > KEPT:
+                    del self._kept[next(iter(self._kept))]
+            plan.streams += 1
+            self._latest = [p for p in self._latest if p is not plan][-(PLANS - 1) :] + [plan]
+        return plan
+
+    def prefetch(self, prefetch: Any, strategy: Any, executor: str) -> int:
+        """``prefetch`` checked; None: two batches per worker where whole batches may
+        run (as a DataLoader's prefetch_factor=2 does), else two."""
+        if prefetch is not None:
+            return check_prefetch(prefetch)
+        whole = strategy in ("whole", "auto") and executor in FLAVOUR and self.workers > 1
+        return 2 * self.workers if whole else 2
+
+    def open(
+        self,
+        executor: str,
+        batches: Iterator[Any],
+        prefetch: Any,
+        strategy: Any,
+        call: Callable[[Any], Any],
+        finish: Callable[[Executor, Rows], Any],
+        fn: Any,
+        options: dict[str, Any],
+        *,
+        samples: bool,
+        progress: bool,
+        threads_instead: Callable[[Rows], bool],
+        isolate: Callable[[], Executor],
+        timeout: float | None,
+    ) -> Stream:
+        """A stream of ``call(batch)`` (the pool's map_rows/map_samples with ``options``)
+        for split batches; whole ones through the workers, finished by ``finish``.
+        ``threads_instead(rows)``: whether ``auto`` runs such rows on threads (then
+        whole batches go to threads, not processes)."""
+        flavour = FLAVOUR.get(executor)
+        if flavour == "processes" and in_worker_process():
+            flavour = "threads"  # a DataLoader worker cannot have children
+        prefetch = self.prefetch(prefetch, strategy, executor)
+        strategy = check_strategy(strategy, executor, self.workers, prefetch)
+        if options.get("out") is not None and prefetch != 0:
+            raise ConfigError(
+                f"out= is one buffer, but imap prepares up to prefetch={prefetch!r} batches "
+                f"while you hold the current one: they would overwrite it; drop out= (each "
+                f"batch gets its own output), or pass prefetch=0"
+            )
+        meter = CountBar("batch") if progress else None
+
+        def split(batch: Any) -> Any:
+            out = call(batch)
+            if meter is not None:
+                meter.advance(len(batch) if samples else len(rows_of(batch)))
+            return out
+
+        def finished(ex: Executor, rows: Rows) -> Any:
+            out = finish(ex, rows)
+            if meter is not None:
+                meter.advance(len(rows))
+            return out
+
+        def workers(rows: Rows) -> Whole:
+            assert flavour is not None, "whole batches need a flavour (check_strategy)"
+            if flavour == "processes" and threads_instead(rows):
+                return self.whole_workers("threads")  # the rows release the GIL: no transport
+            return self.whole_workers(flavour)
+
+        plan = self.plan(strategy, (fn, samples, repr(sorted(options.items()))))
+        submit = Submitter(
+            plan, samples, split, finished, fn, options, workers if flavour else None,
+            isolate=isolate, timeout=timeout,
+        )  # fmt: skip
+        stream = Stream(split, batches, prefetch, submit=submit)
+        if meter is not None:
+            weakref.finalize(stream, meter.close)
+        return stream
+
+    def describe(self) -> list[str]:
+        """A line for each of the latest streams' strategy."""
+        with self._lock:
+            return [p.describe() for p in self._latest]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            whole, self._whole = self._whole, {}
+        for ex in whole.values():
+            ex.close()
