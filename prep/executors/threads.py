@@ -44,15 +44,21 @@ class ThreadExecutor(Executor):
     def _ensure_started(self) -> None:
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive()]
+            ready = []
             while len(self._threads) < self.workers:
+                ready.append(threading.Event())
                 t = threading.Thread(
                     target=_serve,
-                    args=(self._tasks, threads_per_worker(self.workers)),
+                    args=(self._tasks, threads_per_worker(self.workers), ready[-1]),
                     daemon=True,
                     name=f"prep-thread-{len(self._threads)}",
                 )
                 t.start()
                 self._threads.append(t)
+            # each new thread lowers torch's process-wide default for a moment while it
+            # takes its own share of threads: none may still be at it once a batch returns
+            for event in ready:
+                event.wait()
 
     def run(self, job: Job) -> Output | None:
         with self._run_lock:  # one batch at a time
@@ -127,11 +133,17 @@ class ThreadExecutor(Executor):
             t.join(timeout=5)
 
 
-def _serve(tasks: queue.SimpleQueue[Task | None], intra: int) -> None:
-    _own_intra_op_threads(intra)
+def _serve(tasks: queue.SimpleQueue[Task | None], intra: int, ready: threading.Event) -> None:
+    try:
+        _own_intra_op_threads(intra)
+    finally:
+        ready.set()
     while (task := tasks.get()) is not None:
         task()
         del task  # the task holds its batch's output: keep nothing alive between batches
+
+
+_DEFAULT_LOCK = threading.Lock()
 
 
 def _own_intra_op_threads(intra: int) -> None:
@@ -141,13 +153,16 @@ def _own_intra_op_threads(intra: int) -> None:
     and also a process-wide default that threads which have not run a parallel op
     yet pick up on their first. So the default is put back from a short-lived
     thread, whose own setting dies with it."""
-    default = torch.get_num_threads()  # this new thread's: the process-wide default
-    if intra >= default:
-        return
-    torch.set_num_threads(intra)
-    restore = threading.Thread(target=torch.set_num_threads, args=(default,), daemon=True)
-    restore.start()
-    restore.join()
+    # one thread at a time: a pool's threads start together, and one that read the
+    # default while another had lowered it would restore the lowered value for good
+    with _DEFAULT_LOCK:
+        default = torch.get_num_threads()  # this new thread's: the process-wide default
+        if intra >= default:
+            return
+        torch.set_num_threads(intra)
+        restore = threading.Thread(target=torch.set_num_threads, args=(default,), daemon=True)
+        restore.start()
+        restore.join()
 
 
 def on_intra_op_threads(fn: Callable[[], T], intra: int) -> T:
