@@ -137,3 +137,19 @@ def describe_callable(fn: Any) -> str:
     if name is None:
         return repr(fn)
     return f"{getattr(fn, '__module__', None) or '?'}.{name}"
+
+
+def check_row_call(fn: Callable[..., Any], rows: Any, state: bool = False) -> None:
+    """A TypeError, before any row runs, where ``fn`` cannot take a row of ``rows`` as
+    it will be called: ``fn(*columns)``, ``fn(**columns)`` of a dict batch, or
+    ``fn(sample)`` (and ``state=`` with ``setup=``). Every row would fail alike."""
+    positional, names = rows.arguments()
+    problem = call_problem(fn, positional, names, **({"state": None} if state else {}))
+    if problem is None:
+        return
+    call = ", ".join(["row"] * positional + [f"{k}=..." for k in names])
+    raise TypeError(
+        f"the row function {describe_callable(fn)} cannot take this batch's rows, each "
+        f"called as fn({call}): {problem}; give it one parameter per column (by the "
+        f"dict's names for a dict batch), or bind the others with functools.partial"
+    )

@@ -41,6 +41,11 @@ class Rows(ABC):
     def call(self, fn: Callable[..., Any], i: int) -> Any: ...
 
     @abstractmethod
+    def arguments(self) -> tuple[int, tuple[str, ...]]:
+        """How the row function is called on a row: how many positional arguments, and
+        the names of the keyword ones."""
+
+    @abstractmethod
     def checking(self, check: ResultCheck | None) -> Rows:
         """These rows, each row's result checked by ``check`` as it returns (a bad
         result then raises inside the row's call, where its row is known)."""
@@ -114,6 +119,9 @@ class TensorRows(Rows):
         if self.check is not None:
             self.check(result)
         return result
+
+    def arguments(self) -> tuple[int, tuple[str, ...]]:
+        return (0, self.names) if self.names is not None else (len(self.columns), ())
 
     def checking(self, check: ResultCheck | None) -> TensorRows:
         """These rows, each row's result checked by ``check`` as it returns."""
@@ -202,6 +210,9 @@ class SampleRows(Rows):
         if self.check is not None:
             self.check(result)
         return result
+
+    def arguments(self) -> tuple[int, tuple[str, ...]]:
+        return (1, ())
 
     def checking(self, check: ResultCheck | None) -> SampleRows:
         """These rows, each row's result checked by ``check`` as it returns."""

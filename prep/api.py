@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ._batch import Returns, run
-from ._checks import check_device, check_fn, check_timeout
+from ._checks import check_device, check_fn, check_row_call, check_timeout
 from ._policy import Policy, ResultCheck
 from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
@@ -129,7 +129,9 @@ def _module_call(
     n_workers = resolve_workers(workers)
     dev, limit = check_device(device), check_timeout(timeout)
     ex = _warm_executor(_choose(_check_name(executor)), n_workers)
-    return _call(ex, _bound(fn, setup), rows, device=dev, timeout=limit, **options)
+    bound = _bound(fn, setup)  # a ConfigError if fn takes no state= for setup=
+    check_row_call(fn, rows, state=setup is not None)
+    return _call(ex, bound, rows, device=dev, timeout=limit, **options)
 
 
 def _call(

@@ -424,3 +424,25 @@ def test_prep_run_explain_without_a_required_arg_says_so(tmp_path: Path, capsys)
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "missing a required argument: 'max_len'" in err
+
+
+def pair_only(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
+# a call every row would fail alike: said once, before any row, on every executor
+CALLS = [
+    ("dict-names-unknown-to-fn", rows(double, {"a": x}), TypeError,
+     "cannot take this batch's rows, each called as fn(a=...): missing a required argument"),
+    ("one-column-for-two-params", rows(pair_only, x), TypeError,
+     "each called as fn(row): missing a required argument: 'b'"),
+    ("sample-fn-without-params", samples(make_state, list(x)), TypeError,
+     "each called as fn(row): too many positional arguments"),
+]  # fmt: skip
+
+
+@_table(CALLS, EVERY)
+def test_a_function_that_cannot_take_the_rows_is_refused_once(executor, call, error, fragment):
+    with pytest.raises(error) as raised:
+        call(executor)
+    assert fragment in str(raised.value)

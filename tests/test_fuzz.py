@@ -4,10 +4,10 @@ names what to change.
 
 Hypothesis draws a batch (dtype, rows, width, whether it requires grad), a row
 function from a small zoo (plain, with a twin, ragged, failing on a row, returning a
-bad value on a row, reading a value), ``map_rows`` or ``map_samples``, the options
-(``pad``, ``on_error``, ``fill``, ``out``, ``timeout``) and an executor. The
-examples are few and derandomized: the suite stays well under a minute on two busy
-cores and fails the same way on every run.
+bad value on a row), ``map_rows`` (of a tensor, or a dict of one) or
+``map_samples``, the options (``pad``, ``on_error``, ``fill``, ``out``,
+``timeout``) and an executor. The examples are few and derandomized: the suite
+stays well under a minute on two busy cores and fails the same way on every run.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
         options["out"] = torch.zeros(n, width - (out == "narrower"), dtype=dtype)
     return {
         "fn": draw(st.sampled_from(sorted(ZOO))),
-        "mode": draw(st.sampled_from(["rows", "samples"])),
+        "mode": draw(st.sampled_from(["rows", "named", "samples"])),
         "batch": batch,
         "options": options,
         "executor": draw(st.sampled_from(EXECUTORS)),
@@ -108,8 +108,8 @@ def outcome(case: dict[str, Any], executor: str) -> Any:
     if options.get("out") is not None:
         options["out"] = torch.zeros_like(options["out"])
     fn, batch = ZOO[case["fn"]], case["batch"]
-    call = prep.map_rows if case["mode"] == "rows" else prep.map_samples
-    data = batch if case["mode"] == "rows" else list(batch)
+    call = prep.map_samples if case["mode"] == "samples" else prep.map_rows
+    data = {"rows": batch, "named": {"row": batch}, "samples": list(batch)}[case["mode"]]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # failed rows and fallbacks warn
