@@ -126,13 +126,17 @@ class Probe:
     _deterministic: bool | None = field(default=None, repr=False)
 
     @classmethod
-    def take(cls, fn: Callable[..., Any], rows: Rows, k: int = ROWS) -> Probe | None:
-        """Copy the first ``k`` rows and run ``fn`` on another copy of each, here."""
+    def take(
+        cls, fn: Callable[..., Any], rows: Rows, k: int = ROWS, skip: Collection[int] = ()
+    ) -> Probe | None:
+        """Copy the first ``k`` rows and run ``fn`` on another copy of each, here; rows in
+        ``skip`` are not run (rows that failed elsewhere: one that killed its worker
+        process must never run in this one)."""
         k = min(k, len(rows))
         kept, work = _pristine(rows, k), _pristine(rows, k)
         if kept is None or work is None or k == 0:
             return None
-        return cls(fn, kept, [_call(fn, work, i) for i in range(k)], work)
+        return cls(fn, kept, [None if i in skip else _call(fn, work, i) for i in range(k)], work)
 
     def writes_input(self) -> int | None:
         """The first row the function changed in its input, or None."""
@@ -153,10 +157,14 @@ class Probe:
         return self._deterministic
 
     def here(self) -> list[Leaves | None]:
-        """The function on fresh copies of the rows, in this thread."""
+        """The function on fresh copies of the rows, in this thread (not the rows whose
+        first call failed or was skipped)."""
         work = _pristine(self.rows, len(self.rows))
         assert work is not None, "rows copied once copy again"
-        return [_call(self.fn, work, i) for i in range(len(self.rows))]
+        return [
+            None if first is None else _call(self.fn, work, i)
+            for i, first in enumerate(self.results)
+        ]
 
     def disagreement(
         self, output: Output | None, atol: float = 0.0, failed: Collection[int] = ()
@@ -245,7 +253,7 @@ def check_named(
         return None
     if not _first_time(executor, fn):
         return None
-    probe = Probe.take(fn, rows)
+    probe = Probe.take(fn, rows, skip=failed)
     if probe is None or not probe.deterministic():
         return None
     atol = float(getattr(getattr(twin, "twin", None), "atol", 0.0) or 0.0)
