@@ -40,7 +40,7 @@ from typing import Any
 from .._output import Output
 from .._policy import Policy
 from .._rows import Rows
-from ..errors import BatchTimeout, FunctionLoadError, RowError, WorkerCrashed
+from ..errors import BatchTimeout, ConfigError, FunctionLoadError, RowError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn, _worker
 from ._base import threads_per_worker
 from ._handles import Worker
@@ -219,6 +219,13 @@ class ProcessBatches:
 
     def submit(self, key: str, rows: Rows, policy: Policy, timeout: float | None) -> Ticket:
         """Send the batch to the worker with the fewest batches in hand."""
+        for c in getattr(rows, "columns", ()):
+            if c.device.type != "cpu":
+                raise ConfigError(
+                    f"strategy='whole' on processes got a tensor on {c.device}; workers never "
+                    f"touch CUDA, so pass CPU tensors (and device= for the result), or use "
+                    f"executor='threads'"
+                )
         ticket = Ticket(self, rows, policy, timeout)
         ticket.key = key  # resent with it after a crash
         with self._lock:

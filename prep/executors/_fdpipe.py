@@ -47,18 +47,31 @@ class _Pickler(pickle.Pickler):
             t = obj.contiguous()
             return ("raw", ctypes.string_at(t.data_ptr(), t.nbytes), t.dtype, tuple(t.shape))
         storage = obj.untyped_storage()
-        if not storage.is_shared():  # a copy in shared memory; the caller's stays as it is
+        fd_size = _fd_of(storage) if storage.is_shared() else None
+        if fd_size is None:  # a copy in shared memory; the caller's stays as it is
             obj = torch.empty(obj.shape, dtype=obj.dtype).share_memory_().copy_(obj)
             storage = obj.untyped_storage()
+            fd_size = _fd_of(storage)
+            assert fd_size is not None, "a tensor prep shared has a file descriptor"
         key = storage.data_ptr()
         index = self._by_storage.get(key)
         if index is None:
-            fd, size = storage._share_fd_cpu_()
+            fd, size = fd_size
             index = self._by_storage[key] = len(self.fds)
             self.fds.append(fd)
             self.keep.append((storage, size))
         size = self.keep[index][1]
         return ("fd", index, size, obj.dtype, tuple(obj.shape), obj.stride(), obj.storage_offset())
+
+
+def _fd_of(storage: Any) -> tuple[int, int] | None:
+    """The shared storage's descriptor and size; None where it has none (shared by file
+    name, torch's other strategy: a DataLoader under file_system)."""
+    try:
+        fd, size = storage._share_fd_cpu_()
+    except RuntimeError:
+        return None
+    return int(fd), int(size)
 
 
 class _Unpickler(pickle.Unpickler):
