@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -144,7 +145,10 @@ def check_row_call(fn: Callable[..., Any], rows: Any, state: bool = False) -> No
     it will be called: ``fn(*columns)``, ``fn(**columns)`` of a dict batch, or
     ``fn(sample)`` (and ``state=`` with ``setup=``). Every row would fail alike."""
     positional, names = rows.arguments()
-    problem = call_problem(fn, positional, names, **({"state": None} if state else {}))
+    try:
+        problem = _row_call_problem(fn, positional, names, state)
+    except TypeError:  # an unhashable callable: checked without the cache
+        problem = _row_call_problem.__wrapped__(fn, positional, names, state)
     if problem is None:
         return
     call = ", ".join(["row"] * positional + [f"{k}=..." for k in names])
@@ -153,3 +157,12 @@ def check_row_call(fn: Callable[..., Any], rows: Any, state: bool = False) -> No
         f"called as fn({call}): {problem}; give it one parameter per column (by the "
         f"dict's names for a dict batch), or bind the others with functools.partial"
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _row_call_problem(
+    fn: Callable[..., Any], positional: int, names: tuple[str, ...], state: bool
+) -> str | None:
+    # cached: a signature costs 3-10 us, and a stream calls with the same function and
+    # batch layout every batch
+    return call_problem(fn, positional, names, **({"state": None} if state else {}))

@@ -25,7 +25,7 @@ from ._batch import Returns, run
 from ._checks import check_device, check_fn, check_row_call, check_timeout
 from ._policy import Policy, ResultCheck
 from ._rows import Rows, rows_of, samples_of
-from ._state import Binder
+from ._state import Binder, WithState
 from .auto import AutoExecutor, Calibration, Calibrator
 from .executors import REGISTRY, Executor, Job, executor_class, in_worker_process, resolve_workers
 
@@ -129,9 +129,7 @@ def _module_call(
     n_workers = resolve_workers(workers)
     dev, limit = check_device(device), check_timeout(timeout)
     ex = _warm_executor(_choose(_check_name(executor)), n_workers)
-    bound = _bound(fn, setup)  # a ConfigError if fn takes no state= for setup=
-    check_row_call(fn, rows, state=setup is not None)
-    return _call(ex, bound, rows, device=dev, timeout=limit, **options)
+    return _call(ex, _bound(fn, setup), rows, device=dev, timeout=limit, **options)
 
 
 def _call(
@@ -152,6 +150,10 @@ def _call(
     progress: bool = False,
 ) -> Any:
     check_fn(fn, None, "map_rows", "batch")  # a Pool's calls come here only
+    if isinstance(fn, WithState):  # setup=: the function itself, given state= too
+        check_row_call(fn.fn, rows, state=True)
+    else:
+        check_row_call(fn, rows)
     policy = Policy.of(pad, pad_to, on_error, fill)
     returns = Returns(return_lengths, return_valid, return_errors)
     if policy.per_row_errors:  # a bad result (None, another dtype) then fails its row only

@@ -438,6 +438,8 @@ CALLS = [
      "each called as fn(row): missing a required argument: 'b'"),
     ("sample-fn-without-params", samples(make_state, list(x)), TypeError,
      "each called as fn(row): too many positional arguments"),
+    ("pool-dict-names-unknown-to-fn", pool_rows(double, {"a": x}), TypeError,
+     "each called as fn(a=...): missing a required argument: 'row'"),
 ]  # fmt: skip
 
 
