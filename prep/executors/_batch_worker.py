@@ -24,16 +24,25 @@ from ._worker import _error, _watch_parent, limit_threads, run_chunk
 KEEP = 4
 
 
+#: the output bytes of the last batch of each row function (by key): whether the next
+#: one's output is worth a shared-memory segment
+_last_bytes: dict[str, int] = {}
+
+
 def run_whole(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
     """``("whole", seq, started, ended, reply)`` for ``("whole", seq, key, rows, policy)``;
     the reply is :func:`_worker.run_chunk`'s over every row."""
-    _, seq, _, rows, policy = msg
+    _, seq, key, rows, policy = msg
     started = time.monotonic()
     # equal rows: the output is made in shared memory, written once. Ragged rows grow
     # their output a few times a batch, and each shared growth costs a new segment:
-    # they grow in private memory, and _fdpipe copies the final one into shared memory
-    shared = policy.padding is None
+    # they grow in private memory, and _fdpipe copies the final one into shared memory.
+    # An output as small as the last one was travels in the message: no segment at all
+    small = _last_bytes.get(key, _fdpipe.INLINE + 1) <= _fdpipe.INLINE
+    shared = policy.padding is None and not small
     reply = run_chunk(fn, rows, 0, len(rows), policy=policy, shared=shared)
+    if reply[0] == "chunk" and reply[3] is not None:
+        _last_bytes[key] = max(b.nbytes for b in reply[3].buffers)
     return ("whole", seq, started, time.monotonic(), reply)
 
 

@@ -262,7 +262,11 @@ class ProcessBatches:
                 waits = [x for x in (left, None if end is None else end - now) if x is not None]
                 wait = max(0.0, min(waits)) if waits else None
                 w = lane.worker
-                ready = connection.wait([w.conn, w.proc.sentinel], wait)
+                # a reply already there (the common case once batches are in flight) needs
+                # no selector: poll() is one system call
+                ready = (
+                    [w.conn] if w.conn.poll() else connection.wait([w.conn, w.proc.sentinel], wait)
+                )
                 if w.conn in ready:
                     t = time.perf_counter()
                     try:
