@@ -534,3 +534,23 @@ def test_auto_splits_while_the_whole_batch_workers_are_not_ready():
     assert got == ["split"] * (plan.SPLIT_TRIAL + 5)
     assert plan.next(whole_ready=True) == "whole"
     assert StrategyPlan("whole", workers=2).next(whole_ready=False) == "whole"  # as asked
+
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, i * i])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+def test_a_dataset_through_a_samplers_index_batches(executor, strategy):
+    """The DataLoader-shaped use: a sampler's index batches, the dataset's __getitem__."""
+    ds = Squares()
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(ds), 8, False)
+    loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler)
+    with prep.Pool(executor, workers=2) as pool:
+        got = list(pool.imap_samples(ds.__getitem__, sampler, strategy=strategy))
+    assert len(got) == 5 and all(torch.equal(g, w) for g, w in zip(got, loader))
