@@ -323,7 +323,7 @@ def test_info(capsys):
 
 
 def test_commands_table_and_help(capsys):
-    assert list(COMMANDS) == ["run", "make-shards", "info", "bench"]
+    assert list(COMMANDS) == ["run", "make-shards", "info", "bench", "forget"]
     assert cli("--help") == 0
     text = capsys.readouterr().out
     assert all(f"    {name}" in text for name in COMMANDS)
