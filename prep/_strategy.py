@@ -95,13 +95,14 @@ class StrategyFigures:
 class StrategyChoice:
     strategy: str
     reason: str
+    flavour: str = ""  # what builds the whole batches, where the strategy is whole
 
 
 def choose_strategy(
     f: StrategyFigures, margin: float = MARGIN, flavour: str = ""
 ) -> StrategyChoice:
     """``whole`` if its rate beats ``split``'s by ``margin``, else ``split``;
-    ``flavour`` names what built the whole batches, for the reason."""
+    ``flavour`` names what built the whole batches (and is the choice's)."""
     whole, split = f.whole, f.split
     if whole is None:
         return StrategyChoice("split", "whole batches were not measured")
@@ -111,17 +112,36 @@ def choose_strategy(
         f"at up to {f.whole_take:,.0f} rows/s"
     )
     if split is None:
-        return StrategyChoice("whole", f"whole batches{on}: {whole:,.0f} rows/s ({detail})")
+        return StrategyChoice(
+            "whole", f"whole batches{on}: {whole:,.0f} rows/s ({detail})", flavour
+        )
     if whole >= split * margin:
         return StrategyChoice(
             "whole",
             f"whole batches{on}: {whole:,.0f} rows/s ({detail}), {whole / split:.2f}x "
             f"splitting each batch ({split:,.0f} rows/s)",
+            flavour,
         )
     return StrategyChoice(
         "split",
         f"splitting each batch: {split:,.0f} rows/s; whole batches{on}: {whole:,.0f} rows/s "
         f"({detail}), under {margin:.2f}x that",
+    )
+
+
+def choose_among(figures: dict[str, StrategyFigures], margin: float = MARGIN) -> StrategyChoice:
+    """The fastest whole flavour of ``figures`` (flavour -> its figures, each with the
+    same split rate) against split, by :func:`choose_strategy`; the others named."""
+    rated = {k: f for k, f in figures.items() if f.whole is not None}
+    if not rated:
+        return StrategyChoice("split", "whole batches were not measured")
+    best = max(rated, key=lambda k: rated[k].whole or 0.0)
+    choice = choose_strategy(rated[best], margin, best if len(figures) > 1 else "")
+    others = [f"on {k}: {f.whole:,.0f} rows/s" for k, f in rated.items() if k != best]
+    if not others:
+        return choice
+    return StrategyChoice(
+        choice.strategy, f"{choice.reason}; whole batches {', '.join(others)}", choice.flavour
     )
 
 
@@ -133,86 +153,112 @@ def _median(values: list[float]) -> float | None:
 class StrategyPlan:
     """Which strategy each batch of one stream takes. Fixed, or ``auto``: the first
     batches split (the first one untimed: auto's calibration, a pool's start), then
-    whole batches (the first ``workers`` untimed: each worker's start and setup=),
-    then :func:`choose_strategy` on the medians, kept for the rest of the stream. A
-    pool keeps one plan per function and options across its streams, so a trial
-    that a short stream left unfinished goes on in the next one, and an epoch
-    loop pays it once."""
+    whole batches on each of ``flavours`` in turn (the first ``workers`` of each
+    untimed: each worker's start and setup=), then :func:`choose_among` on the
+    medians, kept for the rest of the stream. A pool keeps one plan per function and
+    options across its streams, so a trial that a short stream left unfinished goes
+    on in the next one, and an epoch loop pays it once."""
 
     strategy: str
     workers: int
+    flavours: tuple[str, ...] = ("processes",)  # what may build whole batches
     SPLIT_TRIAL = 3
     split_rates: list[float] = field(default_factory=list)
-    worker_rates: list[float] = field(default_factory=list)
-    take_rates: list[float] = field(default_factory=list)
-    submitted: dict[str, int] = field(default_factory=lambda: {"split": 0, "whole": 0})
-    taken_whole: int = 0
+    worker_rates: dict[str, list[float]] = field(default_factory=dict)
+    take_rates: dict[str, list[float]] = field(default_factory=dict)
+    submitted: dict[str, int] = field(default_factory=dict)  # split, and each flavour
+    taken: dict[str, int] = field(default_factory=dict)  # whole batches taken, per flavour
     choice: StrategyChoice | None = None
     streams: int = 0  # the streams it has planned
-    flavour: str = ""  # what builds its whole batches: "processes" or "threads"
+    flavour: str = ""  # what builds the next whole batch
+
+    def __post_init__(self) -> None:
+        self.flavour = self.flavours[0]
 
     @property
     def whole_trial(self) -> int:
-        """Whole batches timed before the choice (after ``workers`` untimed ones)."""
+        """Whole batches timed on each flavour before the choice (after ``workers``)."""
         return 3
+
+    def _count(self, name: str) -> int:
+        return self.submitted.get(name, 0)
 
     def trying_whole(self) -> bool:
         """Whether ``auto``'s trial is at its whole batches (their workers must be ready)."""
         return (
             self.strategy == "auto"
             and self.choice is None
-            and self.submitted["split"] >= self.SPLIT_TRIAL
+            and self._count("split") >= self.SPLIT_TRIAL
         )
 
+    def trial_flavour(self) -> str:
+        """The flavour whose trial batches are not all submitted (else the last)."""
+        need = self.workers + self.whole_trial
+        return next((f for f in self.flavours if self._count(f) < need), self.flavours[-1])
+
     def next(self, whole_ready: bool = True) -> str:
-        """The strategy of the next batch submitted. ``auto`` splits while the whole-batch
-        workers are not ready (prep's forkserver starting in the background): the
-        stream never waits for a trial."""
+        """The strategy of the next batch submitted ("split" or "whole"; :attr:`flavour`
+        says what builds a whole one). ``auto`` splits while the flavour on trial is
+        not ready (prep's forkserver starting in the background): the stream never
+        waits for a trial."""
         if self.strategy != "auto":
             name = self.strategy
         elif self.choice is not None:
             name = self.choice.strategy
+            self.flavour = self.choice.flavour or self.flavour
         else:
-            trial = self.submitted["split"] < self.SPLIT_TRIAL or not whole_ready
+            if self._count("split") >= self.SPLIT_TRIAL:
+                self.flavour = self.trial_flavour()
+            trial = self._count("split") < self.SPLIT_TRIAL or not whole_ready
             name = "split" if trial else "whole"
-        self.submitted[name] += 1
+        key = "split" if name == "split" else self.flavour
+        self.submitted[key] = self._count(key) + 1
         return name
 
     def split_ran(self, rows: int, seconds: float) -> None:
-        if self.submitted["split"] > 1 and seconds > 0:
+        if self._count("split") > 1 and seconds > 0:
             self.split_rates.append(rows / seconds)
 
-    def whole_taken(self, rows: int, busy: float | None, take: float) -> None:
-        self.taken_whole += 1
-        if self.taken_whole <= self.workers or not busy or take <= 0:
+    def whole_taken(self, rows: int, busy: float | None, take: float, flavour: str = "") -> None:
+        flavour = flavour or self.flavours[0]
+        self.taken[flavour] = self.taken.get(flavour, 0) + 1
+        if self.taken[flavour] <= self.workers or not busy or take <= 0:
             return
-        self.worker_rates.append(rows / busy)
-        self.take_rates.append(rows / take)
-        if (
-            self.strategy == "auto"
-            and self.choice is None
-            and len(self.worker_rates) >= self.whole_trial
-        ):
-            self.choice = choose_strategy(self.figures(), flavour=self.flavour)
+        self.worker_rates.setdefault(flavour, []).append(rows / busy)
+        self.take_rates.setdefault(flavour, []).append(rows / take)
+        done = all(len(self.worker_rates.get(f, ())) >= self.whole_trial for f in self.flavours)
+        if self.strategy == "auto" and self.choice is None and done:
+            self.choice = choose_among(self.all_figures())
+
+    def all_figures(self) -> dict[str, StrategyFigures]:
+        split = _median(self.split_rates)
+        return {
+            f: StrategyFigures(
+                self.workers,
+                split,
+                _median(self.worker_rates.get(f, [])),
+                _median(self.take_rates.get(f, [])),
+            )
+            for f in self.flavours
+        }
 
     def figures(self) -> StrategyFigures:
-        return StrategyFigures(
-            self.workers,
-            _median(self.split_rates),
-            _median(self.worker_rates),
-            _median(self.take_rates),
-        )
+        """The figures of the flavour of the next whole batch."""
+        return self.all_figures()[self.flavour]
 
     def describe(self) -> str:
         """A line for ``Pool.explain()``."""
-        ran = ", ".join(f"{k} {v}" for k, v in self.submitted.items() if v)
+        ran = ", ".join(
+            f"{k if k == 'split' else 'whole on ' + k} {v}" for k, v in self.submitted.items()
+        )
         if self.strategy != "auto":
             return f"stream: strategy={self.strategy!r} (as asked); batches: {ran or 'none yet'}"
         if self.choice is None:
+            each = self.workers + self.whole_trial
             return (
                 f"stream: strategy='auto', still measuring (batches: {ran or 'none yet'}); "
-                f"it needs {self.SPLIT_TRIAL} split and {self.workers + self.whole_trial} "
-                f"whole batches"
+                f"it needs {self.SPLIT_TRIAL} split and {each} whole batches on each of "
+                f"{', '.join(self.flavours)}"
             )
         streams = f" ({self.streams} streams of this function)" if self.streams > 1 else ""
         return (

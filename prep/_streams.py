@@ -59,7 +59,9 @@ class Streams:
                 ex = self._whole[flavour] = WHOLE[flavour](self.workers)
             return ex
 
-    def plan(self, strategy: str, key: Any) -> StrategyPlan:
+    def plan(
+        self, strategy: str, key: Any, flavours: tuple[str, ...] = ("processes",)
+    ) -> StrategyPlan:
         """The stream's plan: for ``auto``, the one of earlier streams of the same
         function and options (its trial is paid once per pool)."""
         with self._lock:
@@ -67,8 +69,8 @@ class Streams:
                 plan = self._kept.pop(key, None) if strategy == "auto" else None
             except TypeError:  # an unhashable callable: measured each stream
                 key, plan = None, None
-            if plan is None:
-                plan = StrategyPlan(strategy, self.workers)
+            if plan is None or plan.flavours != flavours:
+                plan = StrategyPlan(strategy, self.workers, flavours)
             if key is not None and strategy == "auto":
                 self._kept[key] = plan  # re-inserted last: the newest
                 while len(self._kept) > KEPT:
@@ -98,14 +100,11 @@ class Streams:
         *,
         samples: bool,
         progress: bool,
-        threads_instead: Callable[[Rows], bool],
         isolate: Callable[[], Executor],
         timeout: float | None,
     ) -> Stream:
         """A stream of ``call(batch)`` (the pool's map_rows/map_samples with ``options``)
-        for split batches; whole ones through the workers, finished by ``finish``.
-        ``threads_instead(rows)``: whether ``auto`` runs such rows on threads (then
-        whole batches go to threads, not processes)."""
+        for split batches; whole ones through the workers, finished by ``finish``."""
         flavour = FLAVOUR.get(executor)
         if flavour == "processes" and in_worker_process():
             flavour = "threads"  # a DataLoader worker cannot have children
@@ -131,15 +130,16 @@ class Streams:
                 meter.advance(len(rows))
             return out
 
-        def workers(rows: Rows) -> Whole:
-            assert flavour is not None, "whole batches need a flavour (check_strategy)"
-            if flavour == "processes" and threads_instead(rows):
-                return self.whole_workers("threads")  # the rows release the GIL: no transport
-            return self.whole_workers(flavour)
-
-        plan = self.plan(strategy, (fn, samples, repr(sorted(options.items()))))
+        # auto's pool tries whole batches on threads (no transport: they win where the rows
+        # release the GIL) and on processes (the DataLoader's shape, for the rest)
+        flavours = (
+            ("threads", "processes")
+            if executor == "auto" and flavour == "processes"
+            else (flavour or "",)
+        )
+        plan = self.plan(strategy, (fn, samples, repr(sorted(options.items()))), flavours)
         submit = Submitter(
-            plan, samples, split, finished, fn, options, workers if flavour else None,
+            plan, samples, split, finished, fn, options, self.whole_workers if flavour else None,
             isolate=isolate, timeout=timeout,
         )  # fmt: skip
         stream = Stream(split, batches, prefetch, submit=submit)

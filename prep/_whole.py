@@ -11,6 +11,7 @@ returns what serial returns for it, bit for bit.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -76,8 +77,10 @@ class Delivery:
     """A whole batch in flight, as the stream sees it: done once its worker replied;
     :meth:`result` finishes it (and times that, for the plan)."""
 
-    def __init__(self, ticket: Ticket, finish: Callable[[Ticket], Any], plan: StrategyPlan):
-        self.ticket, self.finish, self.plan = ticket, finish, plan
+    def __init__(
+        self, ticket: Ticket, finish: Callable[[Ticket], Any], plan: StrategyPlan, flavour: str
+    ) -> None:
+        self.ticket, self.finish, self.plan, self.flavour = ticket, finish, plan, flavour
 
     def done(self) -> bool:
         return self.ticket.done()
@@ -89,11 +92,22 @@ class Delivery:
         t = time.perf_counter()
         value = self.finish(self.ticket)
         take = time.perf_counter() - t + self.ticket.transfer
-        self.plan.whole_taken(len(self.ticket.rows), self.ticket.busy, take)
+        self.plan.whole_taken(len(self.ticket.rows), self.ticket.busy, take, self.flavour)
         return value
 
     def cancel(self) -> None:
         self.ticket.cancel()
+
+
+class _Sender:
+    """One flavour's whole-batch workers for a stream: the key its function travels by,
+    and the executor that delivers their batches."""
+
+    def __init__(self, workers: Any, fn: Any, isolate: Callable[[], Executor]) -> None:
+        self.workers = workers
+        self.key = workers.prepare(fn)
+        kind = _DeliveredProcesses if workers.name == "processes" else _Delivered
+        self.delivered = kind(isolate)
 
 
 class Submitter:
@@ -102,8 +116,8 @@ class Submitter:
 
     ``split(batch)`` is the pool's ``map_rows``/``map_samples`` with the stream's
     options; ``finish(executor, rows)`` is ``_batch.run`` through that executor
-    with the same options; ``workers(rows)`` gives the pool's whole-batch workers for
-    the first whole batch (None when the plan never asks for them), ``isolate`` its
+    with the same options; ``workers(flavour)`` gives the pool's whole-batch workers of
+    that flavour (None when the plan never asks for them), ``isolate`` its
     ``processes`` executor."""
 
     def __init__(
@@ -114,17 +128,15 @@ class Submitter:
         finish: Callable[[Executor, Rows], Any],
         fn: Any,
         options: dict[str, Any],
-        workers: Callable[[Rows], Any] | None,
+        workers: Callable[[str], Any] | None,
         isolate: Callable[[], Executor],
         timeout: float | None,
     ) -> None:
         self.plan, self.samples = plan, samples
         self.split, self._finish, self.isolate = split, finish, isolate
         self.pick, self.timeout, self.fn = workers, timeout, fn
-        self.workers: Any = None  # picked, and the function sent, at the first whole batch
         self.policy = policy_of(options)
-        self.key: Any = None
-        self.delivered: _Delivered | None = None
+        self.senders: dict[str, _Sender] = {}  # by flavour, made on first use
 
     def __call__(self, batch: Any) -> Any:
         from ._stream import Ran
@@ -132,7 +144,9 @@ class Submitter:
         ready = True
         if self.plan.trying_whole():
             try:
-                ready = self._pick(batch).ready()
+                for f in self.plan.flavours:  # prep's forkserver starts while threads try
+                    self._sender(f).workers.ready()
+                ready = self._sender(self.plan.trial_flavour()).workers.ready()
             except BaseException as exc:  # raised in its place in the order, as split's are
                 return Ran(error=exc)
         if self.plan.next(whole_ready=ready) == "split":
@@ -142,27 +156,21 @@ class Submitter:
                 n = len(batch) if self.samples else len(rows_of(batch))
                 self.plan.split_ran(n, time.perf_counter() - t)
             return ran
+        flavour = self.plan.flavour
         try:
-            rows = self._rows(batch)
-            ticket = self._pick(batch).submit(self.key, rows, self.policy, self.timeout)
+            rows = SampleRows(list(batch)) if self.samples else rows_of(batch)
+            sender = self._sender(flavour)
+            ticket = sender.workers.submit(sender.key, rows, self.policy, self.timeout)
         except BaseException as exc:  # raised in its place in the order, as split's are
             return Ran(error=exc)
-        return Delivery(ticket, self._take, self.plan)
+        return Delivery(ticket, functools.partial(self._take, sender), self.plan, flavour)
 
-    def _rows(self, batch: Any) -> Rows:
-        return SampleRows(list(batch)) if self.samples else rows_of(batch)
-
-    def _pick(self, batch: Any) -> Any:
-        """The whole-batch workers, picked (and sent the function) on first use."""
-        if self.workers is None:
+    def _sender(self, flavour: str) -> _Sender:
+        sender = self.senders.get(flavour)
+        if sender is None:
             assert self.pick is not None, "a plan with whole batches has workers to pick"
-            self.workers = self.pick(self._rows(batch))
-            self.key = self.workers.prepare(self.fn)
-            self.plan.flavour = self.workers.name
-            kind = _DeliveredProcesses if self.workers.name == "processes" else _Delivered
-            self.delivered = kind(self.isolate)
-        return self.workers
+            sender = self.senders[flavour] = _Sender(self.pick(flavour), self.fn, self.isolate)
+        return sender
 
-    def _take(self, ticket: Ticket) -> Any:
-        assert self.delivered is not None, "made with the first whole batch"
-        return self._finish(self.delivered.take(ticket), ticket.rows)
+    def _take(self, sender: _Sender, ticket: Ticket) -> Any:
+        return self._finish(sender.delivered.take(ticket), ticket.rows)

@@ -12,10 +12,8 @@ from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
 from ._stream import Stream
 from ._streams import Streams
-from ._whole import policy_of
 from .api import AUTO, _call, _check_name, _choose
 from .auto import AutoExecutor, Calibration
-from .auto.calibration import signature
 from .errors import ConfigError
 from .executors import REGISTRY, Executor, resolve_workers
 
@@ -153,20 +151,8 @@ class Pool:
             name, batches, prefetch, strategy,
             lambda batch: method(fn, batch, progress=False, **options), finish, bound, options,
             samples=method == self.map_samples, progress=progress,
-            threads_instead=lambda rows: name == AUTO and self._auto_chose(bound, rows, options),
             isolate=lambda: self._get("processes"), timeout=self.timeout,
         )  # fmt: skip
-
-    def _auto_chose(self, fn: Any, rows: Rows, options: dict[str, Any]) -> bool:
-        """Whether ``auto`` runs batches like ``rows`` of ``fn`` on threads (the rows
-        release the GIL): then whole batches go to threads too."""
-        auto = self._executors.get(AUTO)
-        if not isinstance(auto, AutoExecutor):
-            return False
-        pin = self.device is not None and self.device.type == "cuda"
-        pin = pin and rows.device.type == "cpu"
-        cal = auto.choices().get(signature(fn, rows, pin, policy_of(options)))
-        return cal is not None and cal.choice == "threads"
 
     def explain(self) -> str:
         """What ``auto`` measured and chose for each signature this pool has seen, and

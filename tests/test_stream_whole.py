@@ -24,7 +24,13 @@ import pytest
 import torch
 
 import prep
-from prep._strategy import StrategyFigures, StrategyPlan, check_strategy, choose_strategy
+from prep._strategy import (
+    StrategyFigures,
+    StrategyPlan,
+    check_strategy,
+    choose_among,
+    choose_strategy,
+)
 from prep._stream import THREAD_NAME
 from tests import rowfns, statefns
 from tests.conftest import pool_children, wait_until
@@ -554,3 +560,32 @@ def test_a_dataset_through_a_samplers_index_batches(executor, strategy):
     with prep.Pool(executor, workers=2) as pool:
         got = list(pool.imap_samples(ds.__getitem__, sampler, strategy=strategy))
     assert len(got) == 5 and all(torch.equal(g, w) for g, w in zip(got, loader))
+
+
+def test_auto_tries_each_whole_flavour_and_keeps_the_fastest():
+    plan = StrategyPlan("auto", workers=2, flavours=("threads", "processes"))
+    rates = {"threads": 0.05, "processes": 0.0125}  # busy seconds a batch of 100 rows
+    order = []
+    for _ in range(plan.SPLIT_TRIAL):
+        order.append(plan.next())
+        plan.split_ran(100, 0.01)  # 10,000 rows/s
+    while plan.choice is None:
+        name = plan.next()
+        order.append(f"whole on {plan.flavour}")
+        assert name == "whole"
+        plan.whole_taken(100, busy=rates[plan.flavour], take=0.001, flavour=plan.flavour)
+    each = plan.workers + plan.whole_trial
+    assert order == ["split"] * 3 + ["whole on threads"] * each + ["whole on processes"] * each
+    assert (plan.choice.strategy, plan.choice.flavour) == ("whole", "processes")
+    assert re.search(
+        r"whole batches on processes: 16,000 rows/s .*on threads: 4,000", plan.describe()
+    )
+    assert plan.next() == "whole" and plan.flavour == "processes"
+
+
+def test_choose_among_flavours_from_injected_figures():
+    fig = lambda worker: StrategyFigures(2, split=10_000, whole_worker=worker, whole_take=1e6)  # noqa: E731
+    assert choose_among({"threads": fig(4_000), "processes": fig(8_000)}).flavour == "processes"
+    assert choose_among({"threads": fig(9_000), "processes": fig(8_000)}).flavour == "threads"
+    split = choose_among({"threads": fig(5_000), "processes": fig(5_100)})
+    assert (split.strategy, split.flavour) == ("split", "")
