@@ -230,7 +230,9 @@ def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_no
     import prep.auto
 
     # whether vmap beats serial by more than the cores is the machine's call: say it did not
-    monkeypatch.setattr(prep.auto.Calibrator, "won_outright", lambda self, per_row=None: False)
+    from prep.auto._batched import BatchedForms
+
+    monkeypatch.setattr(BatchedForms, "won_outright", lambda self, per_row=None: False)
     x = torch.randn(32, 256, 1024)
     with prep.Pool("auto", workers=2) as pool:
         assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))

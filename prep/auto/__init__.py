@@ -2,15 +2,25 @@
 
 * :mod:`.calibrator` measures (on the first batch of a signature, writing every
   row it runs into the output);
-* :mod:`.calibration` holds the figures and takes every decision from them;
+* :mod:`._figures` holds the figures, :mod:`.calibration` takes every decision
+  from them (and :mod:`._explain` prints both);
 * :mod:`.executor` is the executor registered as ``"auto"``: it calibrates,
   starts a process pool when that pays, runs, times each batch and adapts.
 """
 
 from __future__ import annotations
 
-from .calibration import POOL_MARGIN, POOLS, Calibration, signature
+from ._figures import POOL_MARGIN, POOLS, Figures
+from .calibration import Calibration, signature
 from .calibrator import Calibrator
 from .executor import AutoExecutor
 
-__all__ = ["POOLS", "POOL_MARGIN", "AutoExecutor", "Calibration", "Calibrator", "signature"]
+__all__ = [
+    "POOLS",
+    "POOL_MARGIN",
+    "AutoExecutor",
+    "Calibration",
+    "Calibrator",
+    "Figures",
+    "signature",
+]

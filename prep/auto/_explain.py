@@ -1,16 +1,14 @@
 """``print(calibration)``: what auto measured, predicted, observed and chose, in a few
-lines (the figures themselves are :class:`~prep.auto.Calibration`'s fields)."""
+lines (the figures themselves are :class:`~prep.auto.Figures`' fields)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .calibration import Calibration
+from ._figures import Figures
 
 
-def describe(cal: Calibration) -> str:
+def describe(cal: Figures) -> str:
     us = lambda s: f"{s * 1e6:,.1f} us" if s is not None else "-"  # noqa: E731
     dispatch = ""
     if cal.process_dispatch is not None:
@@ -79,7 +77,7 @@ def describe(cal: Calibration) -> str:
     return "\n".join(lines)
 
 
-def why(cal: Calibration) -> str:
+def why(cal: Figures) -> str:
     """One sentence first: what auto runs and why, before the figures."""
     ms = lambda s: f"{s * 1e3:,.1f} ms"  # noqa: E731
     choice = cal.choice

@@ -4,17 +4,13 @@ to start them is :meth:`~prep.auto.Calibration.plan_start`'s call)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..errors import ConfigError
 from ..executors._base import BLOCK, threads_per_worker
 from ..executors.processes import ProcessExecutor, pickle_fn, shm_fits, shm_free
 from ..executors.threads import on_intra_op_threads
-
-if TYPE_CHECKING:
-    from .calibrator import Calibrator
+from ._sample import Sample
 
 #: seconds of serial work below which worker processes are not even considered
 MIN_PROCESS_WORK = 0.01
@@ -22,101 +18,109 @@ MIN_PROCESS_WORK = 0.01
 COLD_DISPATCH = 0.005
 
 
-def measure_threads(c: Calibrator) -> None:
-    """The thread pool itself on the next rows: its speed-up over serial, as it runs."""
-    cal, main, ex = c.cal, c.main, c.get("threads")
-    # a new thread's first torch call sets up its own state: warm each one untimed
-    main.run(ex, min(c.n, main.done + cal.workers))
-    # about 0.1 s of serial work, at least two rows per thread, at most 8 blocks
-    rows = int(min(max(0.1 / max(cal.serial_row, 1e-9), 2 * cal.workers), 8 * BLOCK))
-    rows = min(rows, max(2 * cal.workers, main.left // 4))  # leave the most
-    start, stop = main.done, min(c.n, main.done + rows)
-    t = c.now()
-    main.run(ex, stop)
-    per_row = (c.now() - t) / max(1, stop - start)
-    if cal.serial_row > 1.2 * per_row and main.left:
-        # threads look faster: serial again, side by side, before believing it
-        c.serial_block(min(BLOCK, max(2, rows // 2)))
-        cal.serial_row = c.best_serial
-    # no pool divides serial time by more than its cores
-    cal.thread_speedup = min(c.cores, cal.serial_row / per_row)
+class PoolEstimates:
+    """The thread pool measured and a process pool predicted, on one sample."""
 
+    def __init__(self, sample: Sample) -> None:
+        self.s = sample
 
-def consider_processes(c: Calibrator) -> None:
-    """Predict a started process pool's batch, or say why processes are left out."""
-    cal = c.cal
-    reason = _no_processes(c)
-    if reason is None:
-        cal.bytes_per_row = _bytes_per_row(c)
-        if not shm_fits(cal.bytes_per_row * c.n):
-            reason = (
-                f"the batch and its result need {cal.bytes_per_row * c.n / 2**20:.0f} MB "
-                f"of shared memory, /dev/shm has {(shm_free() or 0) / 2**20:.0f} MB free"
+    def measure_threads(self) -> None:
+        """The thread pool itself on the next rows: its speed-up over serial, as it runs."""
+        s, cal, main = self.s, self.s.cal, self.s.main
+        ex = s.get("threads")
+        # a new thread's first torch call sets up its own state: warm each one untimed
+        main.run(ex, min(s.n, main.done + cal.workers))
+        # about 0.1 s of serial work, at least two rows per thread, at most 8 blocks
+        rows = int(min(max(0.1 / max(cal.serial_row, 1e-9), 2 * cal.workers), 8 * BLOCK))
+        rows = min(rows, max(2 * cal.workers, main.left // 4))  # leave the most
+        start, stop = main.done, min(s.n, main.done + rows)
+        t = s.now()
+        main.run(ex, stop)
+        per_row = (s.now() - t) / max(1, stop - start)
+        if cal.serial_row > 1.2 * per_row and main.left:
+            # threads look faster: serial again, side by side, before believing it
+            s.serial_block(min(BLOCK, max(2, rows // 2)))
+            cal.serial_row = s.best_serial
+        # no pool divides serial time by more than its cores
+        cal.thread_speedup = min(s.cores, cal.serial_row / per_row)
+
+    def consider_processes(self) -> None:
+        """Predict a started process pool's batch, or say why processes are left out."""
+        s, cal = self.s, self.s.cal
+        reason = self._no_processes()
+        if reason is None:
+            cal.bytes_per_row = self._bytes_per_row()
+            if not shm_fits(cal.bytes_per_row * s.n):
+                reason = (
+                    f"the batch and its result need {cal.bytes_per_row * s.n / 2**20:.0f} MB "
+                    f"of shared memory, /dev/shm has {(shm_free() or 0) / 2**20:.0f} MB free"
+                )
+        if reason:
+            cal.dropped["processes"] = reason
+            return
+        self._one_thread()
+        ex = s.get("processes")
+        assert isinstance(ex, ProcessExecutor), f"the processes executor is a {type(ex).__name__}"
+        cal.process_start = ex.start_cost()
+        if cal.process_start == 0:  # a warm pool: measure what a batch costs it
+            cal.process_dispatch = ex.dispatch_cost()
+            cal.dispatch_measured = True
+        else:  # do not start a pool just to measure it: auto starts it when it pays
+            cal.process_dispatch = COLD_DISPATCH
+
+    def _no_processes(self) -> str | None:
+        s, cal = self.s, self.s.cal
+        rows, left = s.job.rows, s.main.left
+        if not s.allow_processes:
+            return "inside a DataLoader worker (no child processes)"
+        if s.cores < 2:
+            return "one core or one worker"
+        if left * cal.serial_row < MIN_PROCESS_WORK:
+            return (
+                f"the rest of the batch takes {left * cal.serial_row * 1e3:.1f} ms "
+                f"serially; worker processes cannot pay off"
             )
-    if reason:
-        cal.dropped["processes"] = reason
-        return
-    _one_thread(c)
-    ex = c.get("processes")
-    assert isinstance(ex, ProcessExecutor), f"the processes executor is a {type(ex).__name__}"
-    cal.process_start = ex.start_cost()
-    if cal.process_start == 0:  # a warm pool: measure what a batch costs it
-        cal.process_dispatch = ex.dispatch_cost()
-        cal.dispatch_measured = True
-    else:  # do not start a pool just to measure it: auto starts it when it pays
-        cal.process_dispatch = COLD_DISPATCH
+        if rows.device.type != "cpu":
+            return "the batch is on a GPU"
+        try:
+            pickle_fn(s.job.fn)
+        except ConfigError:
+            return "the function cannot be pickled"
+        return None
+
+    def _bytes_per_row(self) -> int:
+        """What one row costs to send through shared memory: its columns and its result."""
+        s = self.s
+        out = s.job.output
+        result = out.nbytes // max(1, len(out)) if out is not None else 0
+        return s.job.rows.nbytes // max(1, s.n) + result
+
+    def _one_thread(self) -> None:
+        """Serial again with torch on one intra-op thread, as each of ``workers`` worker
+        processes on as many cores runs it: when torch's own threads already spread
+        a row over the cores, the workers have nothing left to divide."""
+        s, cal, main = self.s, self.s.cal, self.s.main
+        intra = torch.get_num_threads()
+        if intra < 2 or threads_per_worker(cal.workers) >= intra or main.left < 8:
+            return
+        rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, main.left // 8))
+
+        def block() -> float:
+            t, start = s.now(), main.done
+            main.job.run_range(start, start + rows)
+            main.done = start + rows
+            return (s.now() - t) / rows
+
+        def measure() -> float:
+            per_row = block()
+            if per_row > 1.2 * cal.serial_row:  # slower: once more before believing it,
+                per_row = min(per_row, block())  # as noise only ever slows a block down
+            return per_row
+
+        # in a thread of its own: torch's setting is per thread, and the caller's stays
+        per_row = on_intra_op_threads(measure, threads_per_worker(cal.workers))
+        cal.one_thread_row = per_row
+        cal.serial_cores = min(max(1.0, per_row / cal.serial_row), float(s.cores))
 
 
-def _no_processes(c: Calibrator) -> str | None:
-    cal, rows, left = c.cal, c.job.rows, c.main.left
-    if not c.allow_processes:
-        return "inside a DataLoader worker (no child processes)"
-    if c.cores < 2:
-        return "one core or one worker"
-    if left * cal.serial_row < MIN_PROCESS_WORK:
-        return (
-            f"the rest of the batch takes {left * cal.serial_row * 1e3:.1f} ms "
-            f"serially; worker processes cannot pay off"
-        )
-    if rows.device.type != "cpu":
-        return "the batch is on a GPU"
-    try:
-        pickle_fn(c.job.fn)
-    except ConfigError:
-        return "the function cannot be pickled"
-    return None
-
-
-def _bytes_per_row(c: Calibrator) -> int:
-    """What one row costs to send through shared memory: its columns and its result."""
-    out = c.job.output
-    result = out.nbytes // max(1, len(out)) if out is not None else 0
-    return c.job.rows.nbytes // max(1, c.n) + result
-
-
-def _one_thread(c: Calibrator) -> None:
-    """Serial again with torch on one intra-op thread, as each of ``workers`` worker
-    processes on as many cores runs it: when torch's own threads already spread
-    a row over the cores, the workers have nothing left to divide."""
-    cal, main = c.cal, c.main
-    intra = torch.get_num_threads()
-    if intra < 2 or threads_per_worker(cal.workers) >= intra or main.left < 8:
-        return
-    rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, main.left // 8))
-
-    def block() -> float:
-        t, start = c.now(), main.done
-        main.job.run_range(start, start + rows)
-        main.done = start + rows
-        return (c.now() - t) / rows
-
-    def measure() -> float:
-        per_row = block()
-        if per_row > 1.2 * cal.serial_row:  # slower: once more before believing it,
-            per_row = min(per_row, block())  # as noise only ever slows a block down
-        return per_row
-
-    # in a thread of its own: torch's setting is per thread, and the caller's stays
-    per_row = on_intra_op_threads(measure, threads_per_worker(cal.workers))
-    cal.one_thread_row = per_row
-    cal.serial_cores = min(max(1.0, per_row / cal.serial_row), float(c.cores))
+__all__ = ["COLD_DISPATCH", "MIN_PROCESS_WORK", "PoolEstimates"]

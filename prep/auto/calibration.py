@@ -22,11 +22,9 @@ a choice is :func:`signature`.
 
 from __future__ import annotations
 
-import math
 import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,81 +32,18 @@ import torch
 from .._rows import Rows
 from .._rowwise import unwrap_partial
 from ._explain import describe
+from ._figures import KEEP, Figures
 
-#: threads or processes are chosen over the rest only when predicted this much faster
-#: (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
-POOL_MARGIN = 1.15
-POOLS = ("threads", "processes")
 #: an executor never run whose prediction is within this factor of the choice's figure
 #: is tried on one whole batch
 TRIAL = 1.5
 #: a measured alternative must beat the current choice by this much to replace it
 HYSTERESIS = 1.05
-#: observed batch times kept per executor (their median is the figure)
-KEEP = 8
-#: events kept for ``explain``
-EVENTS = 8
 
 
-@dataclass
-class Calibration:
-    """What ``auto`` measured and observed for one signature, and what it chose."""
-
-    rows: int
-    workers: int
-    #: the batch's pad= / on_error= options, as explain prints them ("" for none)
-    options: str = ""
-    #: seconds setup= took here (each new worker pays it once); 0 without setup=
-    setup_seconds: float = 0.0
-    serial_row: float = math.nan
-    #: seconds per row serially with torch on one worker's share of intra-op threads,
-    #: and how many cores' worth torch's own threads made serial faster by
-    one_thread_row: float | None = None
-    serial_cores: float = 1.0
-    vectorized_row: float | None = None
-    vmap_row: float | None = None
-    thread_speedup: float | None = None
-    process_dispatch: float | None = None
-    #: seconds starting the process pool costs, measured here (None: not known yet)
-    process_start: float | None = None
-    bytes_per_row: int = 0
-    sample: int = 0
-    #: seconds a whole batch of ``rows`` rows is predicted to take, per executor (the
-    #: process pool's figure is for a started pool: starting it is ``process_start``)
-    predicted: dict[str, float] = field(default_factory=dict)
-    #: seconds whole batches took, per executor, scaled to ``rows`` rows
-    observed: dict[str, list[float]] = field(default_factory=dict)
-    dropped: dict[str, str] = field(default_factory=dict)
-    choice: str = "serial"
-    seconds: float = 0.0
-    #: seconds a started process pool would have saved on the batches run so far
-    saved_by_processes: float = 0.0
-    batches: int = 0
-    #: switches, trials, fallbacks and pool starts, in order, for ``explain``
-    events: list[str] = field(default_factory=list)
-    #: trial batches run per executor (the first warms it up, the second is timed)
-    trials: dict[str, int] = field(default_factory=dict)
-    #: pools just started, whose next batch is not counted (their workers warm up)
-    warming: set[str] = field(default_factory=set)
-    #: False: a batched form ran the first batch without winning outright; the next
-    #: batch measures the pools against it
-    settled: bool = True
-    #: the process pool is up and its workers have loaded the function
-    processes_ready: bool = False
-    #: the dispatch cost was measured on a running pool (else it is assumed)
-    dispatch_measured: bool = False
-    #: seconds spent checking that rows run in worker processes equal serial's here
-    check_seconds: float = 0.0
-    #: when the choice was remembered from an earlier interpreter ("" if measured here)
-    remembered: str = ""
-    #: the remembered choice: a process pool it names is bought at once
-    remembered_choice: str = ""
-    #: the key of this signature in the wisdom file (None: not remembered)
-    wisdom_key: str | None = None
-    #: what was last written to the wisdom file, so that a write happens on a change
-    written: Any = None
-    #: explain already says that the figures were not remembered (a busy machine)
-    busy_noted: bool = False
+class Calibration(Figures):
+    """The figures of one signature (:class:`~prep.auto._figures.Figures`), and every
+    decision auto takes from them."""
 
     # ------------------------------------------------------------ wisdom
 
@@ -131,43 +66,7 @@ class Calibration:
         cal.choice = entry["choice"] if entry["choice"] in cal.candidates() else cal.best()
         return cal
 
-    def to_wisdom(self) -> dict[str, Any]:
-        """What a later interpreter needs to start where this one is."""
-        return {
-            "choice": self.choice,
-            "rows": self.rows,
-            "figures": {n: self.figure(n) for n in self.predicted},
-            "serial_row": self.serial_row if math.isfinite(self.serial_row) else None,
-            "process_start": self.process_start,
-            "thread_speedup": self.thread_speedup,
-        }
-
-    def wisdom_changed(self) -> bool:
-        """Whether the choice or what backs it moved since the last write (a new
-        choice, an executor measured for the first time, a pool started, or the
-        choice's own figure over 2 and 8 batches)."""
-        seen = self.observed.get(self.choice, [])
-        now = (self.choice, tuple(sorted(self.observed)), self.processes_ready, len(seen) in (2, 8))
-        if now == self.written or not self.settled:
-            return False
-        self.written = now
-        return True
-
-    # ------------------------------------------------------------ figures
-
-    def figure(self, name: str) -> float:
-        """Seconds a batch of ``rows`` rows takes with ``name``: observed, else predicted."""
-        seen = self.observed.get(name)
-        return _median(seen) if seen else self.predicted[name]
-
-    def _cost(self, name: str) -> float:
-        # an unobserved pool has to save more than measurement noise to take the cores
-        margin = POOL_MARGIN if name in POOLS and not self.observed.get(name) else 1.0
-        return self.figure(name) * margin
-
-    def candidates(self) -> list[str]:
-        """Executors auto may run now (processes only once started and loaded)."""
-        return [n for n in self.predicted if n != "processes" or self.processes_ready]
+    # ------------------------------------------------------------ decisions
 
     def best(self) -> str:
         """The candidate with the lowest figure; the current choice stays unless another
@@ -222,15 +121,6 @@ class Calibration:
                 return name
         return None
 
-    def processes_would_save(self, rows: int) -> float:
-        """Seconds a started process pool would save over the best other executor on
-        ``rows`` rows (counted with ``POOL_MARGIN`` until it has been observed)."""
-        others = [n for n in self.candidates() if n != "processes"]
-        if self.processes_ready or "processes" not in self.predicted or not others:
-            return 0.0
-        best = min(self._cost(n) for n in others)
-        return max(0.0, best - self.predicted["processes"] * POOL_MARGIN) * rows / self.rows
-
     def _buy_now(self) -> bool:
         # a pool an earlier interpreter chose, with these figures on this machine,
         # is bought at once: the rent-or-buy is for a pool of unknown worth
@@ -284,11 +174,6 @@ class Calibration:
             f"saved paid for it" + (f"; {before} -> {self.choice}" if self.choice != before else "")
         )
 
-    def note(self, event: str) -> None:
-        """Remember what happened, for ``explain`` (the last few events)."""
-        self.events.append(event)
-        del self.events[:-EVENTS]
-
     def drop(self, name: str, reason: str) -> None:
         """``name`` cannot run here: take it out of the candidates, saying why."""
         self.predicted.pop(name, None)
@@ -300,13 +185,6 @@ class Calibration:
 
     def __str__(self) -> str:
         return describe(self)
-
-
-def _median(values: list[float]) -> float:
-    # statistics.median costs microseconds a call; auto asks for a few medians a batch
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 # ---------------------------------------------------------------- signature

@@ -37,53 +37,27 @@ vmap try costs those few rows once more):
    Left out inside DataLoader workers, on one core, for functions that cannot
    be pickled, for CUDA batches, and for less than 10 ms of work.
 
-The batched forms are in :mod:`._batched`, the pools in :mod:`._pools`; this
-module runs them in order and times serial. No pool is measured for a batch
-under 2 ms of serial work. What the
-calibrator finds is a prediction; :class:`~prep.auto.AutoExecutor` then times
+The sample and serial's timing are in :mod:`._sample`, the batched forms in
+:mod:`._batched`, the pools in :mod:`._pools`; this module runs them in order.
+No pool is measured for a batch under 2 ms of serial work. What the calibrator
+finds is a prediction; :class:`~prep.auto.AutoExecutor` then times
 every batch it runs and lets the measured figures decide.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import torch
-
-from .._rows import Rows
 from .._rowwise import twin_of
-from ..executors._base import BLOCK, Executor, Job, available_cores
-from . import _batched, _pools
+from ..executors._base import Executor, Job
+from ._batched import BatchedForms
+from ._pools import PoolEstimates
+from ._sample import Sample
 from .calibration import Calibration
 
-#: calibration stops adding serial rows once this much time was spent
-STEP_BUDGET = 0.02
 #: seconds of serial work for a whole batch below which no pool is measured: a thread
 #: pool's dispatch costs a few tenths of a millisecond
 MIN_POOL_WORK = 2e-3
-
-
-@dataclass
-class Progress:
-    """A job and how many of its rows, from its start, are in its output so far."""
-
-    job: Job
-    done: int = 0
-
-    def __post_init__(self) -> None:
-        self.done = max(self.done, self.job.start)
-
-    @property
-    def left(self) -> int:
-        return len(self.job.rows) - self.done
-
-    def run(self, ex: Executor, stop: int) -> None:
-        """Rows ``done:stop`` with ``ex``, into the job's output, under its deadline."""
-        _batched.run_tolerant(ex, self.job.part(self.done, stop))
-        self.done = stop
 
 
 class Calibrator:
@@ -102,33 +76,24 @@ class Calibrator:
         allow_processes: bool,
         prior: Calibration | None = None,
     ) -> None:
-        self.job = job
-        self.main = Progress(job)
-        self.get = get
-        self.n = len(job.rows)
-        self.cal = Calibration(rows=self.n, workers=workers, options=job.policy.describe())
-        self.allow_processes = allow_processes
-        self.prior = prior
-        self.cores = min(workers, available_cores())
-        self.cuda = on_cuda(job.rows)
-        self.best_serial = math.inf  # seconds per row of the fastest serial block
+        self.sample = Sample(job, get, workers, allow_processes, prior)
+        self.batched = BatchedForms(self.sample)
+        self.pools = PoolEstimates(self.sample)
+        self.cal = self.sample.cal
 
     @property
     def done(self) -> int:
-        return self.main.done
-
-    def now(self) -> float:
-        return now(self.cuda)
+        return self.sample.main.done
 
     def run(self) -> Calibration:
-        t0 = self.now()
-        cal = self.cal
-        tensors = self.job.rows.batched and self._batched_forms_allowed()
-        twin = tensors and twin_of(self.job.fn) is not None
-        first = _batched.twin_first if twin else _batched.vmap_first
-        if self.prior is None and tensors and first(self):
+        s, cal, forms = self.sample, self.cal, self.batched
+        t0 = s.now()
+        tensors = s.job.rows.batched and self._batched_forms_allowed()
+        twin = tensors and twin_of(s.job.fn) is not None
+        first = forms.twin_first if twin else forms.vmap_first
+        if s.prior is None and tensors and first():
             # first batch: a batched form made the whole output in one call
-            if not self.won_outright() and not self._too_light_for_pools():
+            if not forms.won_outright() and not self._too_light_for_pools():
                 cal.settled = False
                 name = "vectorized" if twin else "vmap"
                 cal.dropped["threads, processes"] = f"measured on the next batch, with {name}"
@@ -136,27 +101,27 @@ class Calibrator:
         # no batched form, or the batch after one that did not win outright; a twin
         # that gave other rows than the row function is not used again
         twin = twin and "vectorized" not in cal.dropped
-        batched = "vectorized" if twin else ("vmap" if self._prior_row("vmap") else None)
-        self.serial(budget_rows=max(4, min(32, self.n // 8)))
+        batched = "vectorized" if twin else ("vmap" if forms.prior_row("vmap") else None)
+        s.serial(budget_rows=max(4, min(32, s.n // 8)))
         if not tensors and "vectorized, vmap" not in cal.dropped:
             cal.dropped["vectorized"] = "a list of samples has no batched form"
-        elif batched == "vmap" and not _batched.vmap_agrees(self):
+        elif batched == "vmap" and not forms.vmap_agrees():
             batched = None
-        if batched and self.won_outright(self._prior_row(batched)):
-            self._run_rest(batched)
+        if batched and forms.won_outright(forms.prior_row(batched)):
+            forms.run_rest(batched)
             return self._finish(t0)
         if not self._too_light_for_pools():
-            if cal.workers > 1 and self.main.left >= 4 * cal.workers:
-                _pools.measure_threads(self)
+            if cal.workers > 1 and s.main.left >= 4 * cal.workers:
+                self.pools.measure_threads()
             else:
                 cal.dropped["threads"] = "one worker, or too few rows left to measure"
-            _pools.consider_processes(self)
-        if batched and self.main.left:
-            self._run_rest(batched)
+            self.pools.consider_processes()
+        if batched and s.main.left:
+            forms.run_rest(batched)
         return self._finish(t0)
 
     def _batched_forms_allowed(self) -> bool:
-        if self.job.policy.padding is None:
+        if self.sample.job.policy.padding is None:
             return True
         self.cal.dropped["vectorized, vmap"] = (
             "with pad=, rows are padded one by one (vmap cannot return ragged rows, and a "
@@ -164,86 +129,19 @@ class Calibrator:
         )
         return False
 
-    # ------------------------------------------------------------ serial
-
-    def serial(self, budget_rows: int, progress: Progress | None = None) -> None:
-        """Seconds per row, as the serial executor runs them: blocks of 1, 2, 4 ... rows
-        (8, 16, 32 for rows under 1 ms) until the time or row budget is spent. The
-        fastest block of two or more rows is the measurement: noise (another process,
-        a page fault) only ever slows a block, and large blocks carry less overhead.
-        ``progress`` is the main job's by default, or one on copies of rows."""
-        p = progress or self.main
-        if not p.left:
-            return
-        t = self.now()
-        p.job.run_range(p.done, p.done + 1)  # the first row allocates the output: not timed
-        p.done, first = p.done + 1, self.now() - t
-        size, spent, took = (8 if first < 1e-3 else 1), 0.0, 0.0
-        # enough when a block of 2+ rows took a couple of ms (slow rows are steady) or
-        # the time budget is spent; fast rows go on to full blocks, as they run for real
-        while (
-            p.left
-            and p.done < budget_rows
-            and spent < STEP_BUDGET
-            and not (took > 2e-3 and size > 2)
-        ):
-            took = self.serial_block(size, p)
-            spent += took
-            size = min(2 * size, BLOCK)
-        self.cal.serial_row = self.best_serial if self.best_serial < math.inf else first
-
-    def serial_block(self, size: int, progress: Progress | None = None) -> float:
-        """Run the next ``size`` rows serially; keep the fastest per-row time of 2+ rows."""
-        p = progress or self.main
-        start, stop = p.done, min(len(p.job.rows), p.done + size)
-        t = self.now()
-        p.job.run_range(start, stop)
-        took = self.now() - t
-        p.done = stop
-        if stop - start > 1 or self.best_serial == math.inf:
-            self.best_serial = min(self.best_serial, took / (stop - start))
-        return took
-
-    # ------------------------------------------------------------ batched forms, in order
-
-    def _run_rest(self, name: str) -> None:
-        """The batched form on all rows left, in one call: seconds per row (its fixed
-        cost per call spread over them; the lower of this batch's and the one before)."""
-        left, t = self.main.left, self.now()
-        if left:
-            self.main.run(self.get(name), self.n)
-        per_row = (self.now() - t) / left if left else math.inf
-        per_row = min(per_row, self._prior_row(name) or math.inf)
-        setattr(self.cal, f"{name}_row", per_row if per_row < math.inf else None)
-
-    def _prior_row(self, name: str) -> float | None:
-        return getattr(self.prior, f"{name}_row", None) if self.prior else None
-
-    def won_outright(self, per_row: float | None = None) -> bool:
-        cal = self.cal
-        best = per_row or min(x for x in (cal.vectorized_row, cal.vmap_row, math.inf) if x)
-        if best * self.cores >= cal.serial_row:
-            return False
-        cal.dropped["threads, processes"] = (
-            f"a batched form is over {self.cores}x faster than serial, more than "
-            f"{self.cores} cores give"
-        )
-        return True
-
     def _too_light_for_pools(self) -> bool:
-        if self.n * self.cal.serial_row >= MIN_POOL_WORK:
+        work = self.sample.n * self.cal.serial_row
+        if work >= MIN_POOL_WORK:
             return False
         self.cal.dropped["threads, processes"] = (
-            f"the batch takes {self.n * self.cal.serial_row * 1e3:.2f} ms serially: "
-            f"about what a pool's dispatch costs"
+            f"the batch takes {work * 1e3:.2f} ms serially: about what a pool's dispatch costs"
         )
         return True
-
-    # ------------------------------------------------------------ prediction
 
     def _finish(self, t0: float) -> Calibration:
         # predicted for a whole batch of this size: the choice is kept for the next ones
-        cal, rows, p = self.cal, self.n, self.cal.predicted
+        s, cal = self.sample, self.cal
+        rows, p = s.n, cal.predicted
         p["serial"] = rows * cal.serial_row
         for name in ("vectorized", "vmap"):
             if (per_row := getattr(cal, f"{name}_row")) is not None:
@@ -254,22 +152,12 @@ class Calibrator:
             copy = rows * cal.bytes_per_row / 4e9  # through shared memory, about 4 GB/s
             # each worker gets cores // workers threads: the work a serial row spread over
             # serial_cores (>= 1) cores is what the workers share
-            work = rows * cal.serial_row * cal.serial_cores / self.cores
+            work = rows * cal.serial_row * cal.serial_cores / s.cores
             p["processes"] = work + cal.process_dispatch + copy
         cal.choice = cal.best()
         cal.sample = self.done
-        cal.seconds = self.now() - t0
+        cal.seconds = s.now() - t0
         return cal
 
 
-def on_cuda(rows: Rows) -> bool:
-    """Whether the batch lives on a GPU (its timings then need a synchronize)."""
-    return rows.device.type == "cuda"
-
-
-def now(cuda: bool) -> float:
-    """The time, once the GPU's queued kernels have run when ``cuda``: time the work,
-    not its launch."""
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter()
+__all__ = ["MIN_POOL_WORK", "Calibrator"]

@@ -34,9 +34,9 @@ from ..executors import _spawn
 from ..executors._base import Executor, Job, in_worker_process
 from ..executors.processes import ProcessExecutor
 from . import wisdom
-from ._batched import run_tolerant
+from ._sample import now, on_cuda, run_tolerant
 from .calibration import Calibration, signature
-from .calibrator import Calibrator, now, on_cuda
+from .calibrator import Calibrator
 
 __all__ = ["AutoExecutor"]
 
