@@ -82,13 +82,16 @@ class StrategyFigures:
     split: float | None = None  # a batch split across the workers
     whole_worker: float | None = None  # one worker building a whole batch
     whole_take: float | None = None  # the stream's thread taking a finished batch in
+    whole_delivered: float | None = None  # whole batches delivered, by the clock
 
     @property
     def whole(self) -> float | None:
-        """The stream's rate with whole batches: every worker busy, capped by the taking."""
+        """The stream's rate with whole batches: every worker busy, capped by the taking
+        and by what was delivered (workers share the cores with whatever else runs)."""
         if self.whole_worker is None or self.whole_take is None:
             return None
-        return min(self.workers * self.whole_worker, self.whole_take)
+        rates = [self.workers * self.whole_worker, self.whole_take, self.whole_delivered]
+        return min(r for r in rates if r is not None)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def choose_strategy(
     detail = (
         f"{f.workers} {flavour or 'workers'} x {f.whole_worker:,.0f} rows/s each, taken in "
         f"at up to {f.whole_take:,.0f} rows/s"
+        + (f", delivered at {f.whole_delivered:,.0f}" if f.whole_delivered is not None else "")
     )
     if split is None:
         return StrategyChoice(
@@ -149,6 +153,19 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _delivered(deliveries: list[tuple[float, int, int]]) -> float | None:
+    """Rows a second delivered, from ``(at, rows, stream)``: within each stream, the rows
+    after its first delivery over the time since it (the gaps between streams are
+    not the workers' time)."""
+    rows, seconds = 0, 0.0
+    for stream in {s for _, _, s in deliveries}:
+        mine = [(at, n) for at, n, s in deliveries if s == stream]
+        if len(mine) > 1:
+            rows += sum(n for _, n in mine[1:])
+            seconds += mine[-1][0] - mine[0][0]
+    return rows / seconds if seconds > 0 else None
+
+
 @dataclass
 class StrategyPlan:
     """Which strategy each batch of one stream takes. Fixed, or ``auto``: the first
@@ -168,6 +185,8 @@ class StrategyPlan:
     take_rates: dict[str, list[float]] = field(default_factory=dict)
     submitted: dict[str, int] = field(default_factory=dict)  # split, and each flavour
     taken: dict[str, int] = field(default_factory=dict)  # whole batches taken, per flavour
+    # (at, rows, stream) of each timed whole batch, per flavour
+    deliveries: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
     choice: StrategyChoice | None = None
     streams: int = 0  # the streams it has planned
     flavour: str = ""  # what builds the next whole batch
@@ -219,13 +238,24 @@ class StrategyPlan:
         if self._count("split") > 1 and seconds > 0:
             self.split_rates.append(rows / seconds)
 
-    def whole_taken(self, rows: int, busy: float | None, take: float, flavour: str = "") -> None:
+    def whole_taken(
+        self,
+        rows: int,
+        busy: float | None,
+        take: float,
+        flavour: str = "",
+        at: float | None = None,
+    ) -> None:
+        """A whole batch of ``rows`` delivered ``at`` (a perf_counter reading), which
+        its worker built in ``busy`` seconds and the stream took in ``take``."""
         flavour = flavour or self.flavours[0]
         self.taken[flavour] = self.taken.get(flavour, 0) + 1
         if self.taken[flavour] <= self.workers or not busy or take <= 0:
             return
         self.worker_rates.setdefault(flavour, []).append(rows / busy)
         self.take_rates.setdefault(flavour, []).append(rows / take)
+        if at is not None:
+            self.deliveries.setdefault(flavour, []).append((at, rows, self.streams))
         done = all(len(self.worker_rates.get(f, ())) >= self.whole_trial for f in self.flavours)
         if self.strategy == "auto" and self.choice is None and done:
             self.choice = choose_among(self.all_figures())
@@ -238,6 +268,7 @@ class StrategyPlan:
                 split,
                 _median(self.worker_rates.get(f, [])),
                 _median(self.take_rates.get(f, [])),
+                _delivered(self.deliveries.get(f, [])),
             )
             for f in self.flavours
         }

@@ -91,8 +91,10 @@ class Delivery:
     def result(self) -> Any:
         t = time.perf_counter()
         value = self.finish(self.ticket)
-        take = time.perf_counter() - t + self.ticket.transfer
-        self.plan.whole_taken(len(self.ticket.rows), self.ticket.busy, take, self.flavour)
+        at = time.perf_counter()
+        take = at - t + self.ticket.transfer
+        rows, busy = len(self.ticket.rows), self.ticket.busy
+        self.plan.whole_taken(rows, busy, take, self.flavour, at)
         return value
 
     def cancel(self) -> None:

@@ -589,3 +589,17 @@ def test_choose_among_flavours_from_injected_figures():
     assert choose_among({"threads": fig(9_000), "processes": fig(8_000)}).flavour == "threads"
     split = choose_among({"threads": fig(5_000), "processes": fig(5_100)})
     assert (split.strategy, split.flavour) == ("split", "")
+
+
+def test_whole_is_capped_by_what_was_delivered():
+    # workers that each report 8,000 rows/s but, sharing the cores, delivered 9,000
+    f = StrategyFigures(2, split=10_000, whole_worker=8_000, whole_take=1e6, whole_delivered=9_000)
+    assert f.whole == 9_000 and choose_strategy(f).strategy == "split"
+    plan = StrategyPlan("auto", workers=1)
+    plan.streams = 1
+    for k in range(5):  # one stream: a batch of 100 rows every 10 ms after the first
+        plan.whole_taken(100, busy=0.001, take=0.0001, at=1.0 + 0.01 * k)
+    plan.streams = 2  # the next stream, a minute later: the gap is not counted
+    for k in range(3):
+        plan.whole_taken(100, busy=0.001, take=0.0001, at=61.0 + 0.01 * k)
+    assert plan.figures().whole_delivered == pytest.approx(10_000)
