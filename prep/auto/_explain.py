@@ -8,34 +8,19 @@ import math
 from ._figures import Figures
 
 
+def _us(seconds: float | None) -> str:
+    return f"{seconds * 1e6:,.1f} us" if seconds is not None else "-"
+
+
 def describe(cal: Figures) -> str:
-    us = lambda s: f"{s * 1e6:,.1f} us" if s is not None else "-"  # noqa: E731
-    dispatch = ""
-    if cal.process_dispatch is not None:
-        dispatch = (
-            f", process dispatch {cal.process_dispatch * 1e3:.2f} ms/batch"
-            if cal.dispatch_measured
-            else f", process dispatch ~{cal.process_dispatch * 1e3:.0f} ms/batch assumed"
-        )
-    start = ""
-    if "processes" in cal.predicted and not cal.processes_ready:
-        start = (
-            f" (no pool yet: +{cal.process_start * 1e3:,.0f} ms to start it, measured)"
-            if cal.process_start is not None
-            else " (no pool yet: its start-up is measured once prep's forkserver is up)"
-        )
+    """The sentence of :func:`why`, then the figures, what was left out and why, the
+    events, and the choice."""
     lines = [
         why(cal),
         f"auto: {cal.rows} rows, {cal.workers} workers"
         + (f", {cal.options}" if cal.options else "")
         + f"; calibrated in {cal.seconds * 1e3:.1f} ms, computing {cal.sample} of the rows",
-        f"  serial {us(cal.serial_row)}/row"
-        + (f" ({us(cal.one_thread_row)} on one worker's threads)" if cal.one_thread_row else "")
-        + (f", vectorized {us(cal.vectorized_row)}/row" if cal.vectorized_row else "")
-        + (f", vmap {us(cal.vmap_row)}/row" if cal.vmap_row else "")
-        + (f", threads run {cal.thread_speedup:.2f}x serial" if cal.thread_speedup else "")
-        + dispatch
-        + start,
+        _measured(cal),
         "  predicted for a whole batch: "
         + ", ".join(
             f"{k} {v * 1e3:.1f} ms" for k, v in sorted(cal.predicted.items(), key=lambda kv: kv[1])
@@ -56,6 +41,45 @@ def describe(cal: Figures) -> str:
         )
     lines += [f"  not considered: {k} ({why})" for k, why in cal.dropped.items()]
     lines += [f"  {e}" for e in cal.events]
+    lines += _processes(cal)
+    if cal.remembered:
+        lines.append(
+            f"  remembered from an earlier run on this machine ({cal.remembered}); every "
+            f"batch is still timed, and the choice moves when the figures do"
+        )
+    lines.append(f"  choice: {cal.choice}")
+    return "\n".join(lines)
+
+
+def _measured(cal: Figures) -> str:
+    """The calibration's per-row figures, in one line."""
+    dispatch = start = ""
+    if cal.process_dispatch is not None:
+        dispatch = (
+            f", process dispatch {cal.process_dispatch * 1e3:.2f} ms/batch"
+            if cal.dispatch_measured
+            else f", process dispatch ~{cal.process_dispatch * 1e3:.0f} ms/batch assumed"
+        )
+    if "processes" in cal.predicted and not cal.processes_ready:
+        start = (
+            f" (no pool yet: +{cal.process_start * 1e3:,.0f} ms to start it, measured)"
+            if cal.process_start is not None
+            else " (no pool yet: its start-up is measured once prep's forkserver is up)"
+        )
+    return (
+        f"  serial {_us(cal.serial_row)}/row"
+        + (f" ({_us(cal.one_thread_row)} on one worker's threads)" if cal.one_thread_row else "")
+        + (f", vectorized {_us(cal.vectorized_row)}/row" if cal.vectorized_row else "")
+        + (f", vmap {_us(cal.vmap_row)}/row" if cal.vmap_row else "")
+        + (f", threads run {cal.thread_speedup:.2f}x serial" if cal.thread_speedup else "")
+        + dispatch
+        + start
+    )
+
+
+def _processes(cal: Figures) -> list[str]:
+    """When a process pool would start, and what checking its rows cost."""
+    lines = []
     saving = cal.processes_would_save(cal.rows)
     if saving and cal.process_start:
         lines.append(
@@ -68,13 +92,7 @@ def describe(cal: Figures) -> str:
             f"  checking rows in the workers against serial's here took "
             f"{cal.check_seconds * 1e3:,.1f} ms, once"
         )
-    if cal.remembered:
-        lines.append(
-            f"  remembered from an earlier run on this machine ({cal.remembered}); every "
-            f"batch is still timed, and the choice moves when the figures do"
-        )
-    lines.append(f"  choice: {cal.choice}")
-    return "\n".join(lines)
+    return lines
 
 
 def why(cal: Figures) -> str:

@@ -1,21 +1,21 @@
 """``executor="auto"`` as an executor: calibrate once per signature, then run, time, adapt.
 
-    batch ─▶ signature ─▶ kept Calibration? ──no──▶ Calibrator (first rows, into the output)
-                               │ yes                          │
-                               ▼                              ▼
-                 rent or buy a process pool ◀────────── predictions
+    batch ─▶ signature ─▶ kept Calibration? ──no──▶ remembered (wisdom)? ──no──▶ Calibrator
+                               │ yes                       │ yes              (first rows,
+                               ▼                           ▼                 into the output)
+                 rent or buy a process pool ◀──────── figures ◀─────────────────────┘
+                 (its rows checked against serial's)
                                │
-                  trial (once) or the choice ─▶ executor.run(job) ─▶ timed ─▶ observe
+                  trial (twice) or the choice ─▶ executor.run(job) ─▶ timed ─▶ observe
                                │
                   ExecutorUnavailable ─▶ warn once, drop it, next best (rows not yet run)
 
 Every batch auto runs is timed and kept as that executor's figure, so a
 prediction that was wrong (a short calibration slice, a busy machine, a
-library that warms up slowly) is replaced by what the batches take. A process
-pool is started only when it pays (:meth:`Calibration.plan_start`), with its
-start-up measured here; the first time, prep's forkserver is started in the
-background (it imports torch, once per interpreter) while the batches go on.
-Before processes are used for a function, a worker must have loaded it.
+library that warms up slowly, a remembered figure from another day) is
+replaced by what the batches take. A process pool is started only when it pays
+(:mod:`._starter`), and used only once its rows equal serial's. Settled
+choices are remembered for later interpreters (:mod:`.wisdom`).
 """
 
 from __future__ import annotations
@@ -27,23 +27,15 @@ from typing import Any
 
 from .._output import Output
 from .._rowwise import twin_of
-from .._state import setup_seconds
-from .._trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
-from ..executors import _spawn
 from ..executors._base import Executor, Job, in_worker_process
-from ..executors.processes import ProcessExecutor
 from . import wisdom
 from ._sample import now, on_cuda, run_tolerant
+from ._starter import ProcessStarter
 from .calibration import Calibration, signature
 from .calibrator import Calibrator
 
 __all__ = ["AutoExecutor"]
-
-#: seconds of CPU prep's forkserver is taken to cost (it imports torch) before it has
-#: started once in this interpreter and been measured: 0.7-2.5 s on 2-core machines here.
-#: It only decides when to start it while another executor keeps every core busy.
-SERVER_PRIOR = 1.5
 
 
 class AutoExecutor(Executor):
@@ -75,6 +67,7 @@ class AutoExecutor(Executor):
         self._choices: dict[Any, tuple[Any, list[Calibration]]] = {}
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self._starter = ProcessStarter(self.executor, self.workers, self._lock)
 
     def _make(self, name: str) -> Executor:
         with self._lock:
@@ -144,12 +137,12 @@ class AutoExecutor(Executor):
                 assert job.output is not None, "the calibrator ran every row"
                 return job.output
             rest = job.part(calibrator.done)
-            self._plan_processes(cal, rest, allow)
+            self._starter.plan(cal, rest, allow)
             out = self._run(cal, cal.choice, rest, observe=False)
             job.output = out
             self._remember(cal)
             return out
-        self._plan_processes(cal, job, allow)
+        self._starter.plan(cal, job, allow)
         out = self._run(cal, cal.next_trial() or cal.choice, job, observe=True)
         self._remember(cal)
         return out
@@ -223,77 +216,6 @@ class AutoExecutor(Executor):
                 RuntimeWarning,
                 stacklevel=4,
             )
-
-    def _plan_processes(self, cal: Calibration, job: Job, allow: bool) -> None:
-        """Start the process pool before this batch when it pays (rent or buy)."""
-        if not allow or cal.processes_ready or "processes" not in cal.predicted:
-            return
-        ex = self._get("processes")
-        rows = len(job.rows) - job.start
-        assert isinstance(ex, ProcessExecutor), f"the processes executor is a {type(ex).__name__}"
-        start = ex.start_cost()
-        # each new worker builds its own state first: setup=, once per worker, counted
-        # as the CPU time it takes (a 2 s model on two workers is 4 s to win back)
-        cal.setup_seconds = setup_seconds(job.fn)
-        setup = cal.setup_seconds * self.workers
-        if start is None:  # prep's forkserver is not up: start it, in the background
-            costs = _spawn.start_costs()
-            if costs.failed:
-                cal.drop("processes", f"its workers could not start here ({costs.failed})")
-            elif cal.plan_server((costs.server or SERVER_PRIOR) + setup, rows) and _spawn.warm_up():
-                cal.note(
-                    f"batch {cal.batches + 1}: prep's forkserver starting in the background "
-                    f"(processes would save {cal.processes_would_save(cal.rows) * 1e3:,.1f} ms "
-                    f"a batch); processes are weighed once it is up"
-                )
-            return
-        cal.process_start = start + setup
-        if not cal.plan_start(start + setup, rows):
-            return
-        t = now(False)
-        probe = Probe.take(job.fn, job.rows.window(job.start, len(job.rows)))
-        cal.check_seconds += now(False) - t
-        if probe is not None and (row := probe.writes_input()) is not None:
-            with self._lock:
-                cal.drop("processes", writes_input(job.start + row))
-            return
-        try:
-            took = ex.load(job.fn, job.remaining())
-            t = now(False)
-            verdict = self._same_in_workers(cal, ex, job, probe)
-            cal.check_seconds += now(False) - t
-        except ExecutorUnavailable as exc:
-            with self._lock:
-                cal.drop("processes", f"its workers could not load the function: {exc}")
-            return
-        with self._lock:
-            if verdict:
-                cal.drop("processes", verdict)
-                cal.note(f"batch {cal.batches + 1}: processes dropped: {verdict.split('.')[0]}")
-                return
-            cal.process_start = took
-            cal.started_processes(took)
-
-    def _same_in_workers(
-        self, cal: Calibration, ex: Executor, job: Job, probe: Probe | None
-    ) -> str | None:
-        """Serial is the reference: the probe's rows run in the workers must equal
-        serial's here, unless the function is not deterministic here either (then
-        there is no single right answer to compare with). The reason to drop
-        processes, or None."""
-        if probe is None:
-            return None
-        if not probe.deterministic():
-            with self._lock:
-                cal.note(
-                    f"batch {cal.batches + 1}: the function gives other values each time "
-                    f"here (random augmentation, say), so its rows in the workers were "
-                    f"not compared with serial's"
-                )
-            return None
-        scratch = Job(job.fn, probe.rows, None, policy=job.policy, deadline=job.clock)
-        row = probe.disagreement(ex.run(scratch), failed=scratch.failures.rows())
-        return None if row is None else mismatch_reason("processes", job.start + row)
 
 
 def _registry() -> dict[str, type[Executor]]:

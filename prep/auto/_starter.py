@@ -1,0 +1,113 @@
+"""Starting a process pool for auto: rent or buy, and serial's word first.
+
+When the figures say a started pool pays (:meth:`Calibration.plan_start`), the
+pool starts before the batch; the first time in an interpreter, prep's
+forkserver (it imports torch) starts in the background while the batches go on.
+Before the workers are used for a function, they must have loaded it, and a few
+of their rows must equal serial's here (:mod:`prep._trust`): another
+interpreter's ``hash()``, module globals and RNG can differ from this one's. A
+function that writes into its input rows is kept in this process, where the
+write lands as it does under serial.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from .._state import setup_seconds
+from .._trust import Probe, mismatch_reason, writes_input
+from ..errors import ExecutorUnavailable
+from ..executors import _spawn
+from ..executors._base import Executor, Job
+from ..executors.processes import ProcessExecutor
+from ._sample import now
+from .calibration import Calibration
+
+#: seconds of CPU prep's forkserver is taken to cost (it imports torch) before it has
+#: started once in this interpreter and been measured: 0.7-2.5 s on 2-core machines here.
+#: It only decides when to start it while another executor keeps every core busy.
+SERVER_PRIOR = 1.5
+
+
+class ProcessStarter:
+    """Starts auto's process pool when it pays, once its rows agree with serial's."""
+
+    def __init__(self, get: Callable[[str], Executor], workers: int, lock: threading.Lock) -> None:
+        self._get = get
+        self.workers = workers
+        self._lock = lock  # the auto executor's: calibrations are shared by its threads
+
+    def plan(self, cal: Calibration, job: Job, allow: bool) -> None:
+        """Start the process pool before this batch when it pays (rent or buy)."""
+        if not allow or cal.processes_ready or "processes" not in cal.predicted:
+            return
+        ex = self._get("processes")
+        rows = len(job.rows) - job.start
+        assert isinstance(ex, ProcessExecutor), f"the processes executor is a {type(ex).__name__}"
+        start = ex.start_cost()
+        # each new worker builds its own state first: setup=, once per worker, counted
+        # as the CPU time it takes (a 2 s model on two workers is 4 s to win back)
+        cal.setup_seconds = setup_seconds(job.fn)
+        setup = cal.setup_seconds * self.workers
+        if start is None:  # prep's forkserver is not up: start it, in the background
+            costs = _spawn.start_costs()
+            if costs.failed:
+                cal.drop("processes", f"its workers could not start here ({costs.failed})")
+            elif cal.plan_server((costs.server or SERVER_PRIOR) + setup, rows) and _spawn.warm_up():
+                cal.note(
+                    f"batch {cal.batches + 1}: prep's forkserver starting in the background "
+                    f"(processes would save {cal.processes_would_save(cal.rows) * 1e3:,.1f} ms "
+                    f"a batch); processes are weighed once it is up"
+                )
+            return
+        cal.process_start = start + setup
+        if not cal.plan_start(start + setup, rows):
+            return
+        t = now(False)
+        probe = Probe.take(job.fn, job.rows.window(job.start, len(job.rows)))
+        cal.check_seconds += now(False) - t
+        if probe is not None and (row := probe.writes_input()) is not None:
+            with self._lock:
+                cal.drop("processes", writes_input(job.start + row))
+            return
+        try:
+            took = ex.load(job.fn, job.remaining())
+            t = now(False)
+            verdict = self._same_in_workers(cal, ex, job, probe)
+            cal.check_seconds += now(False) - t
+        except ExecutorUnavailable as exc:
+            with self._lock:
+                cal.drop("processes", f"its workers could not load the function: {exc}")
+            return
+        with self._lock:
+            if verdict:
+                cal.drop("processes", verdict)
+                cal.note(f"batch {cal.batches + 1}: processes dropped: {verdict.split('.')[0]}")
+                return
+            cal.process_start = took
+            cal.started_processes(took)
+
+    def _same_in_workers(
+        self, cal: Calibration, ex: Executor, job: Job, probe: Probe | None
+    ) -> str | None:
+        """Serial is the reference: the probe's rows run in the workers must equal
+        serial's here, unless the function is not deterministic here either (then
+        there is no single right answer to compare with). The reason to drop
+        processes, or None."""
+        if probe is None:
+            return None
+        if not probe.deterministic():
+            with self._lock:
+                cal.note(
+                    f"batch {cal.batches + 1}: the function gives other values each time "
+                    f"here (random augmentation, say), so its rows in the workers were "
+                    f"not compared with serial's"
+                )
+            return None
+        scratch = Job(job.fn, probe.rows, None, policy=job.policy, deadline=job.clock)
+        row = probe.disagreement(ex.run(scratch), failed=scratch.failures.rows())
+        return None if row is None else mismatch_reason("processes", job.start + row)
+
+
+__all__ = ["SERVER_PRIOR", "ProcessStarter"]
