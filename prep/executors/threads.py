@@ -28,6 +28,8 @@ from .._output import Output
 from ._base import Executor, Job, iter_chunks, threads_per_worker
 
 Task = Callable[[], None]
+#: rows run one at a time, at most, while failing rows leave the output unshaped
+LONE_ROWS = 8
 T = TypeVar("T")
 
 
@@ -70,7 +72,12 @@ class ThreadExecutor(Executor):
             return job.output
         first = job.start
         self._ensure_started()
-        if job.output is None:  # one worker runs the first row: its result fixes the output
+        # one worker runs the first row: its result fixes the output. Under fill/skip a
+        # failed row fixes nothing, so the next runs alone too (a few at most): else the
+        # threads would race to fix it, and serial's reference is the lowest good row
+        for _ in range(LONE_ROWS if job.policy.per_row_errors else 1):
+            if job.output is not None or first >= n:
+                break
             self._run_chunks(job, [(first, first + 1)])
             first += 1
         chunks = list(iter_chunks(n, self.workers, first=first))
