@@ -146,6 +146,14 @@ class ResultCheck:
         elif layout != self.first:
             raise StackError(self._differs(layout, "the row function returned"))
 
+    def fresh(self) -> ResultCheck:
+        """A copy with this one's reference (if any), that learns its own: a worker's
+        chunk must not keep the reference an earlier chunk learned there (a bad row
+        that came first in it would fail every row of the worker's later chunks)."""
+        copy = ResultCheck(self.padded)
+        copy.first, copy.origin = self.first, self.origin
+        return copy
+
     def seed(self, out: Output) -> None:
         """The rows to come are checked against ``out`` (the batch's output, shaped by
         its first good row)."""

@@ -145,6 +145,9 @@ def run_chunk(
     in size or fail on their own (``pad=``, ``on_error=``): an output in shared
     memory (``shared``), which goes back by file descriptor, not through the pipe.
     """
+    check = getattr(rows, "check", None)
+    if isinstance(check, ResultCheck):
+        rows = rows.checking(check.fresh())
     job = Job(fn, rows.window(start, stop), policy=policy, shared=shared)
     try:
         job.run_range(start, stop)
