@@ -219,6 +219,10 @@ class Output:
                     check_fits(value, buf.dtype, "fill", self.where(k))
                 buf[i - self.offset].fill_(0 if value is None else value)
 
+    def unfail(self, i: int) -> None:
+        """Row ``i`` is written after all (a failure the batch took back): nothing to
+        undo here, its write replaces the fill."""
+
     def finish(self) -> None:
         """Called once every row is written (a padded output trims itself here)."""
 

@@ -300,6 +300,10 @@ class PaddedOutput(Output):
                 buf[i - self.offset].fill_(pad if value is None else value)
                 sizes[i - self.offset] = 0
 
+    def unfail(self, i: int) -> None:
+        with self.lock:
+            self.failed.pop(i - self.offset, None)  # else finish() would fill it again
+
     def like(
         self, rows: int | None = None, *, pin: bool = False, shared: bool = False
     ) -> PaddedOutput:
@@ -315,6 +319,10 @@ class PaddedOutput(Output):
         rows ``chunk.offset:`` here: one copy and a few fills per leaf."""
         assert isinstance(chunk, PaddedOutput), "a padded batch's chunks are padded"
         self.check_spec(chunk.offset, chunk.spec)
+        for k, (part, buf) in enumerate(zip(chunk.buffers, self.buffers)):
+            if part.dtype != buf.dtype or part.dim() != buf.dim():  # as _put refuses a row
+                need = "the same number of dims and the same dtype"
+                raise self.mismatch(chunk.first_row, k, part[0], need)
         lo, n = chunk.offset - self.offset, len(chunk)
         with torch.no_grad(), self.lock:
             for k, (part, sizes) in enumerate(zip(chunk.buffers, chunk.sizes)):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._output import Output, flatten
+from ._output import Output, detached, flatten
 from ._padding import Number, Padding
 from .errors import StackError
 
@@ -81,6 +81,11 @@ class Failures:
         with self._lock:
             self.errors.setdefault(row, error)
 
+    def forgive(self, row: int) -> None:
+        """Row ``row`` did not fail after all (a worker's provisional verdict)."""
+        with self._lock:
+            self.errors.pop(row, None)
+
     def __len__(self) -> int:
         return len(self.errors)
 
@@ -119,6 +124,8 @@ class ResultCheck:
         self.origin = "the first good row returned"
         self.by_chunk: int | None = None  # the row whose chunk set the reference, if one did
         self.admitted: list[tuple[int, int]] = []  # chunks' rows admitted under it
+        self.provisional = False  # a worker's chunk, checked against its own first row
+        self.pending: dict[int, Any] = {}  # rows failed provisionally, with their results
         if out is not None:
             try:
                 self.first = self._of(Output.given(out, len(flatten(out, "out=")[1][0])))
@@ -139,12 +146,27 @@ class ResultCheck:
             dtype, size = first[1][0]
             if result.dtype == dtype and (result.dim() if self.padded else result.shape) == size:
                 return
-        spec, leaves = flatten(result)  # a TypeError that says what it must return
-        layout = (spec, tuple(self._leaf(t.dtype, t.shape) for t in leaves))
+        layout = self._layout(result)  # a TypeError that says what it must return
         if self.first is None:
             self.first = layout  # threads may race here: each with a good row's layout
         elif layout != self.first:
-            raise StackError(self._differs(layout, "the row function returned"))
+            error = StackError(self._differs(layout, "the row function returned"))
+            if self.provisional:  # the parent may find this row good: it travels along
+                error.result = detached(result)  # type: ignore[attr-defined]
+            raise error
+
+    def _layout(self, result: Any) -> tuple[Any, ...]:
+        spec, leaves = flatten(result)
+        return (spec, tuple(self._leaf(t.dtype, t.shape) for t in leaves))
+
+    def matches(self, result: Any) -> bool:
+        """Whether ``result`` has the reference's layout (a provisional failure that the
+        batch's reference makes good)."""
+        return self.first is not None and self._layout(result) == self.first
+
+    def __getstate__(self) -> dict[str, Any]:
+        # to a worker: the reference only, not the parent's record of admitted chunks
+        return {**self.__dict__, "admitted": [], "by_chunk": None, "pending": {}}
 
     def fresh(self) -> ResultCheck:
         """A copy with this one's reference (if any), that learns its own: a worker's
@@ -152,6 +174,9 @@ class ResultCheck:
         that came first in it would fail every row of the worker's later chunks)."""
         copy = ResultCheck(self.padded)
         copy.first, copy.origin = self.first, self.origin
+        # without a reference from the parent, this chunk's is its own first good row,
+        # which the batch's may not be: rows failed against it carry their results
+        copy.provisional = self.first is None
         return copy
 
     def seed(self, out: Output) -> None:

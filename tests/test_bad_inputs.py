@@ -448,3 +448,27 @@ def test_a_function_that_cannot_take_the_rows_is_refused_once(executor, call, er
     with pytest.raises(error) as raised:
         call(executor)
     assert fragment in str(raised.value)
+
+
+def double_at_8_and_24(row: torch.Tensor) -> Any:
+    """Rows 8 and 24 start a worker's chunk of a 64-row batch: there a worker's first
+    good row is the bad one, and only the batch's reference can say so."""
+    i = int(row[0])
+    if i == 0:
+        return None
+    return row.double() if i in (8, 24) else row * 2
+
+
+@pytest.mark.parametrize("executor", PER_ROW)
+def test_a_bad_row_first_in_its_chunk_fails_alone(executor):
+    batch = torch.arange(64.0)[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out, valid = prep.map_rows(
+            double_at_8_and_24, batch, executor=executor, workers=2, on_error="fill",
+            fill=-1, return_valid=True,
+        )  # fmt: skip
+    assert (~valid).nonzero().flatten().tolist() == [0, 8, 24]
+    want = batch * 2
+    want[[0, 8, 24]] = -1
+    assert torch.equal(out, want)

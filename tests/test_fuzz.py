@@ -63,6 +63,10 @@ def list_on_odd(row: torch.Tensor) -> Any:
     return [1, 2] if first(row) % 2 else row + 1
 
 
+def float64_on_odd(row: torch.Tensor) -> Any:
+    return row.double() if first(row) % 2 else row + 1
+
+
 ZOO: dict[str, Callable[..., Any]] = {
     "double": double,
     "twin": rowfns.affine,  # has a batched twin: vectorized runs it
@@ -70,6 +74,7 @@ ZOO: dict[str, Callable[..., Any]] = {
     "fails": fails_on_odd,
     "none": none_on_odd,
     "list": list_on_odd,
+    "dtype": float64_on_odd,
 }
 
 DTYPES = {"float32": torch.float32, "int64": torch.int64, "uint8": torch.uint8}

@@ -170,26 +170,50 @@ def merge_chunk(job: Job, reply: tuple[Any, ...]) -> None:
     chunk of failed rows, each with the reason; see :meth:`ResultCheck.admit` for
     which chunk's rows are the reference."""
     _, start, stop, chunk, failed = reply
+    check = getattr(job.rows, "check", None)
     for error_reply in failed:
         err = error_from_reply(error_reply)
         if not isinstance(err, RowError):
             raise err  # not a row's own failure (a fill= that does not fit, say)
         job.fail(err.row, err)
-    if chunk is None:
-        return
-    check = getattr(job.rows, "check", None)
+        result = getattr(err.__cause__, "result", None)
+        if result is not None and isinstance(check, ResultCheck):
+            check.pending[err.row] = result  # failed against its chunk's own reference
     if not isinstance(check, ResultCheck):
-        job.merge(chunk)
+        if chunk is not None:
+            job.merge(chunk)
         return
+    if chunk is not None:
+        _admit(job, check, chunk, start, stop)
+    _take_back(job, check)
+
+
+def _admit(job: Job, check: ResultCheck, chunk: Output, start: int, stop: int) -> None:
+    """A chunk whose rows agree with the batch's reference joins the output; one that
+    disagrees fails, or (a lower row's) becomes the reference, the rows before failing."""
     problem, dropped = check.admit(chunk, start, stop)
     if problem is not None and not dropped:
-        _fail_all(job, range(start, stop), problem)  # this chunk disagrees: its rows fail
+        _fail_all(job, range(start, stop), problem)
         return
     if dropped:
-        job.output = None  # remade from this chunk, the rows before it dropped
+        job.output = None  # remade from this chunk
     job.merge(chunk)
     if problem is not None:
         _fail_all(job, dropped, problem)
+
+
+def _take_back(job: Job, check: ResultCheck) -> None:
+    """Rows a worker failed against its chunk's own first row that the batch's
+    reference finds good: written after all, their failure taken back."""
+    if job.output is None:
+        return
+    for i, result in list(check.pending.items()):
+        if i in job.failures.errors and check.matches(result):
+            del check.pending[i]
+            job.failures.forgive(i)
+            job.output.unfail(i)
+            job.output.write(i, result)
+            check.admitted.append((i, i + 1))
 
 
 def _fail_all(job: Job, rows: Iterable[int], problem: str) -> None:
