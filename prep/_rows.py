@@ -160,14 +160,16 @@ class TensorRows(Rows):
     def replace(self, columns: Sequence[Tensor]) -> TensorRows:
         return TensorRows(tuple(columns), self.names, check=self.check)
 
-    def chunk(self, start: int, stop: int) -> None:
-        return None  # the columns already live in shared memory
+    def chunk(self, start: int, stop: int) -> ResultCheck | None:
+        # the columns already live in shared memory; the result check goes along as it
+        # is now, so a worker checks against the reference the batch has found so far
+        return self.check
 
     def shell(self) -> TensorRows:
         return TensorRows((), self.names, check=self.check)  # the worker adds its columns
 
     def with_chunk(self, payload: Any) -> TensorRows:
-        return self
+        return self if payload is None else self.checking(payload)
 
     def take(self, start: int, stop: int) -> TensorRows:
         """Rows ``start:stop`` as tensors that own their memory (cheap to pickle)."""
