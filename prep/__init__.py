@@ -22,6 +22,7 @@ from .errors import (
     RowError,
     ShardError,
     StackError,
+    VmapUnsupported,
     WorkerCrashed,
 )
 from .executors import REGISTRY as executors
@@ -36,6 +37,7 @@ __all__ = [
     "RowError",
     "ShardError",
     "StackError",
+    "VmapUnsupported",
     "WorkerCrashed",
     "__version__",
     "executors",
