@@ -89,6 +89,12 @@ class Failures:
     def __len__(self) -> int:
         return len(self.errors)
 
+    def forget(self, start: int) -> None:
+        """Forget the rows from ``start`` on: they run again, another way."""
+        with self._lock:
+            for row in [r for r in self.errors if r >= start]:
+                del self.errors[row]
+
     def rows(self) -> list[int]:
         with self._lock:
             return sorted(self.errors)

@@ -167,17 +167,21 @@ class Probe:
         ]
 
     def disagreement(
-        self, output: Output | None, atol: float = 0.0, failed: Collection[int] = ()
+        self,
+        output: Output | None,
+        atol: float = 0.0,
+        failed: Collection[int] = (),
+        at: int = 0,
     ) -> int | None:
-        """The first probe row where ``output`` (the same rows, made another way)
-        differs from serial's result here; None where all agree or cannot be told.
-        Rows in ``failed`` (failed rows, filled) are not compared."""
+        """The first probe row where ``output`` (the same rows, made another way, from
+        its row ``at`` on) differs from serial's result here; None where all agree or
+        it cannot be told. Probe rows in ``failed`` (failed rows, filled) are skipped."""
         if output is None:
             return None
         for i, ref in enumerate(self.results):
             if ref is None or i in failed:
                 continue
-            row = row_of(output, i, *ref)
+            row = row_of(output, at + i, *ref)
             if row is None or not all(same(x, y, atol) for x, y in zip(row, ref[1])):
                 return i
         return None

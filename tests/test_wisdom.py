@@ -234,3 +234,12 @@ def test_figures_taken_on_a_busy_machine_are_not_remembered(file, monkeypatch):
     wisdom.flush()
     assert not file.exists()
     assert "not remembered for later runs: the load average is 5.1 on 2 cores" in str(cal)
+
+
+def test_a_remembered_calibration_tries_no_executor_again():
+    from prep.auto import Calibration
+
+    entry = {"choice": "serial", "rows": 100, "figures": {"serial": 0.05, "threads": 0.06}}
+    cal = Calibration.from_wisdom(entry, workers=2, options="")
+    cal.observe("serial", 0.05, 100)
+    assert cal.next_trial() is None  # threads' figure is a whole batch's, from that run

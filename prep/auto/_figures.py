@@ -67,6 +67,10 @@ class Figures:
     dispatch_measured: bool = False
     #: seconds spent checking that rows run in worker processes equal serial's here
     check_seconds: float = 0.0
+    #: the workers' rows have been compared with serial's (or could not be)
+    processes_checked: bool = False
+    #: (job, probe): copies of the rows a process pool started for, and serial's results
+    probe: Any = field(default=None, repr=False, compare=False)
     #: when the choice was remembered from an earlier interpreter ("" if measured here)
     remembered: str = ""
     #: the remembered choice: a process pool it names is bought at once

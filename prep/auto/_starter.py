@@ -3,9 +3,11 @@
 When the figures say a started pool pays (:meth:`Calibration.plan_start`), the
 pool starts before the batch; the first time in an interpreter, prep's
 forkserver (it imports torch) starts in the background while the batches go on.
-Before the workers are used for a function, they must have loaded it, and a few
-of their rows must equal serial's here (:mod:`prep._trust`): another
-interpreter's ``hash()``, module globals and RNG can differ from this one's. A
+Before the workers are used for a function, they must have loaded it; the first
+batch they run is then compared, on a few rows, with serial's results here
+(:mod:`prep._trust`), since another interpreter's ``hash()``, module globals and
+RNG can differ from this one's: on a difference the batch runs again in this
+process and processes are dropped. A
 function that writes into its input rows is kept in this process, where the
 write lands as it does under serial.
 """
@@ -64,50 +66,59 @@ class ProcessStarter:
         cal.process_start = start + setup
         if not cal.plan_start(start + setup, rows):
             return
-        t = now(False)
-        probe = Probe.take(job.fn, job.rows.window(job.start, len(job.rows)))
-        cal.check_seconds += now(False) - t
+        probe = self.probe_for(cal, job)
         if probe is not None and (row := probe.writes_input()) is not None:
             with self._lock:
                 cal.drop("processes", writes_input(job.start + row))
             return
+        cal.probe = (job, probe)  # compared with the workers' rows of this very batch
         try:
             took = ex.load(job.fn, job.remaining())
-            t = now(False)
-            verdict = self._same_in_workers(cal, ex, job, probe)
-            cal.check_seconds += now(False) - t
         except ExecutorUnavailable as exc:
             with self._lock:
                 cal.drop("processes", f"its workers could not load the function: {exc}")
             return
         with self._lock:
-            if verdict:
-                cal.drop("processes", verdict)
-                cal.note(f"batch {cal.batches + 1}: processes dropped: {verdict.split('.')[0]}")
-                return
             cal.process_start = took
             cal.started_processes(took)
 
-    def _same_in_workers(
-        self, cal: Calibration, ex: Executor, job: Job, probe: Probe | None
-    ) -> str | None:
-        """Serial is the reference: the probe's rows run in the workers must equal
-        serial's here, unless the function is not deterministic here either (then
-        there is no single right answer to compare with). The reason to drop
-        processes, or None."""
-        if probe is None:
-            return None
-        if not probe.deterministic():
-            with self._lock:
-                cal.note(
-                    f"batch {cal.batches + 1}: the function gives other values each time "
-                    f"here (random augmentation, say), so its rows in the workers were "
-                    f"not compared with serial's"
-                )
-            return None
-        scratch = Job(job.fn, probe.rows, None, policy=job.policy, deadline=job.clock)
-        row = probe.disagreement(ex.run(scratch), failed=scratch.failures.rows())
-        return None if row is None else mismatch_reason("processes", job.start + row)
+    def probe_for(self, cal: Calibration, job: Job) -> Probe | None:
+        """Copies of the first rows ``job`` has left, and serial's results on them here:
+        the one taken when the pool started, if it was for this job."""
+        held = cal.probe
+        if held is not None and held[0] is job:
+            return held[1]
+        t = now(False)
+        probe = Probe.take(job.fn, job.rows.window(job.start, len(job.rows)))
+        cal.check_seconds += now(False) - t
+        return probe
+
+    def verify(self, cal: Calibration, job: Job, probe: Probe | None) -> str | None:
+        """Serial is the reference: after the workers ran ``job``, their rows must equal
+        the probe's, computed here; the reason to drop processes, or None. Only on a
+        difference is the function run here again, to tell a function that is not
+        deterministic here either (random augmentation: no single right answer to
+        compare with) from one that computes other values in other interpreters."""
+        t = now(False)
+        try:
+            if probe is None:
+                return None
+            failed = [r - job.start for r in job.failures.rows() if r >= job.start]
+            row = probe.disagreement(job.output, failed=failed, at=job.start)
+            if row is None:
+                return None
+            if not probe.deterministic():
+                with self._lock:
+                    cal.note(
+                        f"batch {cal.batches + 1}: the function gives other values each time "
+                        f"here (random augmentation, say), so its rows in the workers were "
+                        f"not compared with serial's"
+                    )
+                return None
+            return mismatch_reason("processes", job.start + row)
+        finally:
+            cal.check_seconds += now(False) - t
+            cal.processes_checked, cal.probe = True, None
 
 
 __all__ = ["SERVER_PRIOR", "ProcessStarter"]

@@ -64,6 +64,10 @@ class Calibration(Figures):
             if isinstance(entry.get(name), (int, float)):
                 setattr(cal, name, float(entry[name]))
         cal.choice = entry["choice"] if entry["choice"] in cal.candidates() else cal.best()
+        # each figure was a whole batch's in the run that wrote it: none is tried again
+        # (two batches each would cost a short program more than calibrating); the
+        # choice's own batches are timed, and it moves when they run off
+        cal.trials = dict.fromkeys(cal.predicted, 2)
         return cal
 
     # ------------------------------------------------------------ decisions

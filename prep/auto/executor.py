@@ -187,6 +187,8 @@ class AutoExecutor(Executor):
     def _run(self, cal: Calibration, name: str, job: Job, *, observe: bool) -> Output | None:
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
         start, cuda = job.start, on_cuda(job.rows)
+        check = name == "processes" and not cal.processes_checked
+        probe = self._starter.probe_for(cal, job) if check else None
         t = now(cuda)
         try:
             out = run_tolerant(self._get(name), job)
@@ -194,6 +196,12 @@ class AutoExecutor(Executor):
             self._fall_back(cal, name, exc)
             return self._run(cal, cal.choice, job, observe=observe)
         took = now(cuda) - t
+        if check and (reason := self._starter.verify(cal, job, probe)):
+            with self._lock:  # serial is the reference: these rows run again, here
+                cal.drop("processes", reason)
+                cal.note(f"batch {cal.batches + 1}: processes dropped: {reason.split('.')[0]}")
+            job.failures.forget(start)
+            return self._run(cal, cal.choice, job, observe=observe)
         with self._lock:
             cal.batches += 1
             if observe:

@@ -61,6 +61,8 @@ FORMAT = 1
 #: entries kept; past this the oldest are dropped
 ENTRIES = 2000
 _OFF = {"", "0", "off", "no", "false", "none"}
+#: seconds the background writer waits for more entries before it writes them all
+COALESCE = 2.0
 
 
 def location() -> Path | None:
@@ -246,6 +248,10 @@ class _Writer:
     def _loop(self) -> None:
         while True:
             self.wake.wait()
+            # a moment for more entries to come (a new choice often brings a new
+            # figure): one write for them all, and none while a short program's first
+            # batches run (the write holds the GIL while it makes its JSON)
+            time.sleep(COALESCE)
             self.wake.clear()
             self.flush()
 
