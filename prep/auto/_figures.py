@@ -73,7 +73,7 @@ class Figures:
     probe: Any = field(default=None, repr=False, compare=False)
     #: when the choice was remembered from an earlier interpreter ("" if measured here)
     remembered: str = ""
-    #: the remembered choice: a process pool it names is bought at once
+    #: the choice an earlier interpreter left (for explain)
     remembered_choice: str = ""
     #: the key of this signature in the wisdom file (None: not remembered)
     wisdom_key: str | None = None

@@ -125,11 +125,6 @@ class Calibration(Figures):
                 return name
         return None
 
-    def _buy_now(self) -> bool:
-        # a pool an earlier interpreter chose, with these figures on this machine,
-        # is bought at once: the rent-or-buy is for a pool of unknown worth
-        return self.remembered_choice == "processes" and "processes" in self.predicted
-
     def plan_server(self, cost: float, rows: int) -> bool:
         """Whether to start prep's forkserver (in the background) before this batch.
 
@@ -137,8 +132,6 @@ class Calibration(Figures):
         core, the other cores are idle and it costs nothing: it starts at once. While
         another executor keeps every core busy, it takes about ``cost`` seconds of
         their time, so it starts by the rent-or-buy rule of :meth:`plan_start`."""
-        if self._buy_now():
-            return True
         saving = self.processes_would_save(rows)
         if saving <= 0:
             return False
@@ -158,8 +151,6 @@ class Calibration(Figures):
         once that sum reaches what starting it costs (``start``, measured here). A
         program that stops then has paid at most twice the best in hindsight; one
         that goes on pays nothing more."""
-        if self._buy_now():
-            return True
         saving = self.processes_would_save(rows)
         if saving <= 0:
             return False
