@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import array
 import io
+import os
 import platform
 import random
 import re
@@ -534,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small jobs, 2 repeats")
     parser.add_argument("--jobs", default="fixed,jpeg,tokens,hash,overlap")
     args = parser.parse_args(argv)
+    # every tool is timed warm here, as a first run: auto starts from nothing remembered
+    os.environ["PREP_WISDOM"] = "off"
     repeat = 2 if args.quick else args.repeat
     torch.set_num_threads(1)  # as the DataLoader's workers do; the loop is single-threaded
     out = ["# bench_stream: Pool.imap_samples against the tools a training loop uses", ""]
