@@ -26,7 +26,7 @@ from ._checks import check_device, check_fn, check_row_call, check_timeout
 from ._policy import Policy, ResultCheck
 from ._rows import Rows, rows_of, samples_of
 from ._state import Binder, WithState
-from .auto import AutoExecutor, Calibration, Calibrator
+from .auto import AutoExecutor, Calibration, Calibrator, Sample
 from .executors import REGISTRY, Executor, Job, executor_class, in_worker_process, resolve_workers
 
 AUTO = "auto"
@@ -295,4 +295,4 @@ def explain(
     n_workers = resolve_workers(workers)
     job = Job(fn, rows, policy=Policy.of(pad, pad_to, on_error, fill))
     get = lambda name: _warm_executor(name, n_workers)  # noqa: E731
-    return Calibrator(job, get, n_workers, not in_worker_process()).run()
+    return Calibrator(Sample(job, get, n_workers, not in_worker_process())).run()

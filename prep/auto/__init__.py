@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from ._figures import POOL_MARGIN, POOLS, Figures
+from ._sample import Sample
 from .calibration import Calibration, signature
 from .calibrator import Calibrator
 from .executor import AutoExecutor
@@ -22,5 +23,6 @@ __all__ = [
     "Calibration",
     "Calibrator",
     "Figures",
+    "Sample",
     "signature",
 ]

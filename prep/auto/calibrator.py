@@ -46,10 +46,7 @@ every batch it runs and lets the measured figures decide.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .._rowwise import twin_of
-from ..executors._base import Executor, Job
 from ._batched import BatchedForms
 from ._pools import PoolEstimates
 from ._sample import Sample
@@ -64,19 +61,13 @@ class Calibrator:
     """Runs the measurements on one job, writing the results of every row it runs;
     ``done`` is how many rows of the job are in its output when :meth:`run` returns.
 
-    ``prior`` is the signature's unsettled calibration from the batch before:
-    its batched form's figure is kept, and this batch measures the pools.
+    It measures a :class:`Sample` (the job, the executors by name, and the
+    signature's unsettled calibration from the batch before, if any: its batched
+    form's figure is kept, and this batch measures the pools).
     """
 
-    def __init__(
-        self,
-        job: Job,
-        get: Callable[[str], Executor],
-        workers: int,
-        allow_processes: bool,
-        prior: Calibration | None = None,
-    ) -> None:
-        self.sample = Sample(job, get, workers, allow_processes, prior)
+    def __init__(self, sample: Sample) -> None:
+        self.sample = sample
         self.batched = BatchedForms(self.sample)
         self.pools = PoolEstimates(self.sample)
         self.cal = self.sample.cal

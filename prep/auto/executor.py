@@ -30,7 +30,7 @@ from .._rowwise import twin_of
 from ..errors import ExecutorUnavailable
 from ..executors._base import Executor, Job, in_worker_process
 from . import wisdom
-from ._sample import now, on_cuda, run_tolerant
+from ._sample import Sample, now, on_cuda, run_tolerant
 from ._starter import ProcessStarter
 from .calibration import Calibration, signature
 from .calibrator import Calibrator
@@ -127,7 +127,7 @@ class AutoExecutor(Executor):
             cal = self._recall(key, job, allow)
         if cal is None or not cal.settled:
             prior = cal
-            calibrator = Calibrator(job, self._get, self.workers, allow, prior)
+            calibrator = Calibrator(Sample(job, self._get, self.workers, allow, prior))
             cal = calibrator.run()
             cal.wisdom_key = prior.wisdom_key if prior else self._wisdom_key(job)
             self._keep(key, job.fn, cal, prior)
