@@ -243,3 +243,12 @@ def test_a_remembered_calibration_tries_no_executor_again():
     cal = Calibration.from_wisdom(entry, workers=2, options="")
     cal.observe("serial", 0.05, 100)
     assert cal.next_trial() is None  # threads' figure is a whole batch's, from that run
+
+
+def test_wisdom_off_says_nothing_of_a_busy_machine(monkeypatch):
+    monkeypatch.setenv(wisdom.ENV, "off")
+    monkeypatch.setattr(wisdom, "busy", lambda: "the load average is 5.1 on 2 cores")
+    with prep.Pool("auto", workers=2) as pool:
+        pool.map_rows(wisdomfns.doubled, torch.ones(64, 3))
+        (cal,) = pool.choices()
+    assert cal.wisdom_key is None and "remembered" not in str(cal)

@@ -150,6 +150,8 @@ class AutoExecutor(Executor):
     # ------------------------------------------------------------ wisdom
 
     def _wisdom_key(self, job: Job) -> str | None:
+        if wisdom.location() is None:
+            return None  # wisdom off: no key to compute, nothing to remember or say
         options = (job.pin, repr(job.policy))
         return wisdom.key(job.fn, job.rows.layout(), len(job.rows), self.workers, options)
 
