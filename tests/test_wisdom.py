@@ -218,7 +218,7 @@ def test_an_interpreter_writes_what_auto_learned_by_the_time_it_exits(file):
         from prep.auto import wisdom
         from tests import wisdomfns
         wisdom.busy = lambda: ""  # a quiet machine (injected)
-        prep.map_rows(wisdomfns.doubled, torch.ones(64, 3))
+        prep.map_rows(wisdomfns.doubled, torch.ones(64, 3), workers=2)
     """
     python(code, file)
     entries = json.loads(file.read_text())["entries"]
