@@ -25,8 +25,8 @@ from .errors import (
     VmapUnsupported,
     WorkerCrashed,
 )
-from .executors import REGISTRY as executors
 from .pool import Pool
+from .registry import EXECUTORS as executors
 
 __all__ = [
     "BatchTimeout",

@@ -27,7 +27,9 @@ from ._policy import Policy, ResultCheck
 from ._rows import Rows, rows_of, samples_of
 from ._state import Binder, WithState
 from .auto import AutoExecutor, Calibration, Calibrator, Sample
-from .executors import REGISTRY, Executor, Job, executor_class, in_worker_process, resolve_workers
+from .executors import Executor, Job, in_worker_process, resolve_workers
+from .registry import EXECUTORS as REGISTRY
+from .registry import executor_class
 
 AUTO = "auto"
 

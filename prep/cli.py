@@ -26,7 +26,7 @@ from . import info
 from .api import shutdown
 from .bench import command as bench_command
 from .errors import PrepError, Terminated, UsageError
-from .executors import REGISTRY
+from .registry import EXECUTORS as REGISTRY
 from .run import (
     ROW_ERRORS,
     Progress,

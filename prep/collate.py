@@ -34,8 +34,9 @@ from ._checks import call_problem, check_device, describe_callable
 from ._output import Result, flatten
 from ._policy import Policy
 from .api import AUTO
-from .executors import available_cores, executor_class, in_worker_process, resolve_workers
+from .executors import available_cores, in_worker_process, resolve_workers
 from .pool import Pool
+from .registry import executor_class
 
 __all__ = ["Collate"]
 

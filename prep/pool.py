@@ -15,7 +15,8 @@ from ._streams import Streams
 from .api import AUTO, _call, _check_name, _choose
 from .auto import AutoExecutor, Calibration
 from .errors import ConfigError
-from .executors import REGISTRY, Executor, resolve_workers
+from .executors import Executor, resolve_workers
+from .registry import EXECUTORS as REGISTRY
 
 __all__ = ["Pool"]
 

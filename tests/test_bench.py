@@ -25,7 +25,7 @@ from prep.bench.report import write
 from prep.bench.verify import status_of
 from prep.bench.workloads import noop, user_workload
 from prep.errors import ConfigError
-from prep.executors import REGISTRY
+from prep.registry import EXECUTORS as REGISTRY
 
 from . import bench_user
 

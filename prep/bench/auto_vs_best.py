@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..executors import REGISTRY
+from ..registry import EXECUTORS as REGISTRY
 from .grid import AUTO, AUTO_FIRST
 
 if TYPE_CHECKING:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..executors import REGISTRY, available_cores
+from ..executors import available_cores
+from ..registry import EXECUTORS as REGISTRY
 from .libraries import LIBRARY_WORKLOADS
 from .peers import PEERS, first_call
 from .workloads import WORKLOADS, Workload

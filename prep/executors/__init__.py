@@ -1,8 +1,10 @@
-"""The executor registry: a name -> class table, never an if/elif on names."""
+"""The concrete executors, by name: a name -> class table, never an if/elif on names.
+
+``auto``, which measures these and runs one of them, sits a layer above them; the
+table of every executor a user can name, auto included, is :mod:`prep.registry`."""
 
 from __future__ import annotations
 
-from ..errors import ConfigError
 from ._base import (
     Executor,
     Job,
@@ -29,27 +31,12 @@ REGISTRY: dict[str, type[Executor]] = {
     )
 }
 
-# auto measures the executors above and runs one of them; it imports this package's
-# modules, so it is registered last
-from ..auto import AutoExecutor  # noqa: E402
-
-REGISTRY[AutoExecutor.name] = AutoExecutor
-
-
-def executor_class(name: str) -> type[Executor]:
-    try:
-        return REGISTRY[name]
-    except (KeyError, TypeError):
-        choices = ", ".join(repr(n) for n in REGISTRY)
-        raise ConfigError(f"executor={name!r} is not one of {choices}") from None
-
 
 __all__ = [
     "REGISTRY",
     "Executor",
     "Job",
     "available_cores",
-    "executor_class",
     "in_worker_process",
     "resolve_workers",
     "threads_per_worker",

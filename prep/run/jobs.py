@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from .._checks import check_device
 from ..errors import ConfigError, ShardError, Terminated
-from ..executors import executor_class
+from ..registry import executor_class
 from .local import LocalBackend
 from .manifest import Manifest
 from .progress import Progress, Summary
