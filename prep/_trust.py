@@ -215,24 +215,27 @@ _checked: weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]] = (
     weakref.WeakKeyDictionary()
 )
 _lock = threading.Lock()
-#: functions remembered per executor; past this the oldest are checked again
-KEEP = 64
+#: entries remembered per executor (two a function: its identity and its id); past
+#: this the oldest are checked again
+KEEP = 128
 
 
 def _first_time(executor: Any, fn: Callable[..., Any]) -> bool:
     # by identity where there is one: a fresh partial or lambda of the same code and
     # values each batch is the function already checked; else by id, kept alive so
     # that its id is not reused meanwhile
+    with _lock:
+        seen = _checked.setdefault(executor, {})
+        if seen.get(id(fn)) is fn:
+            return False  # the very object: no identity to work out on every batch
     who = identity(fn)
     key: Any = json.dumps(who) if who is not None else id(fn)
     with _lock:
-        seen = _checked.setdefault(executor, {})
-        if key in seen:
-            return False
-        seen[key] = fn
+        first = key not in seen
+        seen[key] = seen[id(fn)] = fn
         while len(seen) > KEEP:
             del seen[next(iter(seen))]
-        return True
+        return first
 
 
 def check_named(

@@ -73,8 +73,6 @@ class Figures:
     probe: Any = field(default=None, repr=False, compare=False)
     #: when the choice was remembered from an earlier interpreter ("" if measured here)
     remembered: str = ""
-    #: the choice an earlier interpreter left (for explain)
-    remembered_choice: str = ""
     #: the key of this signature in the wisdom file (None: not remembered)
     wisdom_key: str | None = None
     #: what was last written to the wisdom file, so that a write happens on a change

@@ -58,7 +58,6 @@ class Calibration(Figures):
             options=options,
             predicted={k: float(v) for k, v in entry["figures"].items()},
             remembered=when,
-            remembered_choice=entry["choice"],
         )
         for name in ("serial_row", "process_start", "thread_speedup"):
             if isinstance(entry.get(name), (int, float)):

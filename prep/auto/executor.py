@@ -74,7 +74,7 @@ class AutoExecutor(Executor):
         with self._lock:
             ex = self._own.get(name)
             if ex is None:
-                ex = self._own[name] = _registry()[name](self.workers)
+                ex = self._own[name] = REGISTRY[name](self.workers)
             return ex
 
     def executor(self, name: str) -> Executor:
@@ -159,7 +159,7 @@ class AutoExecutor(Executor):
     def _recall(self, key: Any, job: Job, allow: bool) -> Calibration | None:
         """A calibration remembered by an earlier interpreter, kept as if measured."""
         wkey = self._wisdom_key(job)
-        entry = wisdom.recall(wkey, lambda name: name in _registry() and name != self.name)
+        entry = wisdom.recall(wkey, lambda name: name in REGISTRY)  # auto is not one of them
         if entry is None:
             return None
         cal = Calibration.from_wisdom(entry, self.workers, job.policy.describe())
@@ -170,7 +170,6 @@ class AutoExecutor(Executor):
             cal.drop("vectorized", "no batched twin here")
         if not job.rows.batched:
             cal.drop("vmap", "a list of samples has no batched form")
-        cal.written = None
         self._keep(key, job.fn, cal, None)
         return cal
 
@@ -227,7 +226,3 @@ class AutoExecutor(Executor):
                 RuntimeWarning,
                 stacklevel=4,
             )
-
-
-def _registry() -> dict[str, type[Executor]]:
-    return REGISTRY  # the concrete executors: auto measures them, and is not one
