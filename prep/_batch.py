@@ -20,10 +20,10 @@ from ._padding import given_padded
 from ._policy import Failures, Policy
 from ._progress import RowProgress
 from ._rows import Rows
-from ._rowwise import twin_of
 from ._trust import check_named
 from .errors import ConfigError, RowError
 from .executors import Executor, Job
+from .executors._base import copy_rows
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def _run(
     result = given if n == 0 and given is not None else ex.run(job)
     if result is None:
         raise _no_shape(n, job.failures, policy)
-    twin = twin_of(fn) if ex.name == "vectorized" else None
+    twin = ex.batched_twin(fn)
     check_named(  # serial is the reference: the first batch of each function, once
         ex, fn, rows, result, other_interpreter=ex.needs_processes, twin=twin,
         failed=job.failures.rows(), stacklevel=6,  # the caller of map_rows / Pool.map_rows
@@ -101,9 +101,7 @@ def _run(
         job.failures.warn(n, policy, stacklevel=7)  # the caller of map_rows / Pool.map_rows
     lengths = result.lengths() if returns.lengths else None  # the rows' own, as written
     if given is not None and result is not given:
-        for dst, src in zip(given.buffers, result.buffers):
-            dst.copy_(src, non_blocking=src.is_pinned())
-        result = given
+        result = copy_rows(given, result)
     valid = torch.ones(n, dtype=torch.bool)
     valid[job.failures.rows()] = False
     if policy.on_error == "skip" and job.failures:

@@ -353,7 +353,7 @@ def test_a_small_last_batch_does_not_discard_the_full_batches_choice():
         pool.map_rows(tiny, torch.randn(40, 3))  # 25x smaller: measured on its own
         pool.map_rows(tiny, torch.randn(1000, 3))  # the full size again: its choice kept
         kept = pool._get("auto")._choices[next(iter(pool._get("auto")._choices))][1]
-    assert [c.rows for c in kept] == [1000, 40] and kept[0] is full
+    assert [d.cal.rows for d in kept] == [1000, 40] and kept[0].cal is full
 
 
 def test_inside_a_dataloader_worker_a_kept_choice_with_processes_is_measured_again(monkeypatch):
@@ -371,128 +371,130 @@ def test_inside_a_dataloader_worker_a_kept_choice_with_processes_is_measured_aga
 
 
 # ------------------------------------------------------------ decisions, from numbers
+# (Decisions moves a report, d.cal, from figures a test chose)
 
 
-def _cal(**predicted: float) -> prep.auto.Calibration:
-    cal = prep.auto.Calibration(rows=100, workers=2)
-    cal.predicted = dict(predicted)
-    cal.choice = cal.best()
-    return cal
+def _cal(**predicted: float) -> prep.auto.Decisions:
+    """Decisions on a report whose predictions a test chose."""
+    d = prep.auto.Decisions(prep.auto.Calibration(rows=100, workers=2))
+    d.cal.predicted = dict(predicted)
+    d.cal.choice = d.best()
+    return d
 
 
 def test_an_unobserved_pool_must_be_predicted_clearly_faster():
-    assert _cal(serial=0.100, threads=0.095).choice == "serial"  # within POOL_MARGIN
-    assert _cal(serial=0.100, threads=0.050).choice == "threads"
-    assert _cal(serial=0.100, vmap=0.095).choice == "vmap"  # no pool: no margin
+    assert _cal(serial=0.100, threads=0.095).cal.choice == "serial"  # within POOL_MARGIN
+    assert _cal(serial=0.100, threads=0.050).cal.choice == "threads"
+    assert _cal(serial=0.100, vmap=0.095).cal.choice == "vmap"  # no pool: no margin
 
 
 def test_measured_batches_replace_the_predictions():
-    cal = _cal(serial=0.100, threads=0.060)
-    assert cal.choice == "threads"
+    d = _cal(serial=0.100, threads=0.060)
+    assert d.cal.choice == "threads"
     for _ in range(3):  # threads turn out slower than predicted (and than serial)
-        cal.observe("threads", 0.150, 100)
-    assert cal.choice == "serial" and "threads -> serial" in str(cal), str(cal)
-    cal.observe("serial", 0.100, 100)
-    assert cal.choice == "serial"
-    assert cal.figure("threads") == pytest.approx(0.150)
-    assert cal.figure("serial") == pytest.approx(0.100)
+        d.observe("threads", 0.150, 100)
+    assert d.cal.choice == "serial" and "threads -> serial" in str(d.cal), str(d.cal)
+    d.observe("serial", 0.100, 100)
+    assert d.cal.choice == "serial"
+    assert d.cal.figure("threads") == pytest.approx(0.150)
+    assert d.cal.figure("serial") == pytest.approx(0.100)
 
 
 def test_observed_batches_of_another_size_are_scaled():
-    cal = _cal(serial=0.100)
-    cal.observe("serial", 0.050, 50)  # half the rows in half the time
-    assert cal.figure("serial") == pytest.approx(0.100)
+    d = _cal(serial=0.100)
+    d.observe("serial", 0.050, 50)  # half the rows in half the time
+    assert d.cal.figure("serial") == pytest.approx(0.100)
 
 
 def test_noise_does_not_make_the_choice_flap():
-    cal = _cal(serial=0.100, vmap=0.098)
-    cal.choice = "serial"
-    cal.observe("serial", 0.100, 100)
-    cal.observe("vmap", 0.098, 100)  # 2% better: within HYSTERESIS
-    assert cal.choice == "serial"
-    cal.observe("vmap", 0.080, 100)
-    cal.observe("vmap", 0.080, 100)
-    assert cal.choice == "vmap"
+    d = _cal(serial=0.100, vmap=0.098)
+    d.cal.choice = "serial"
+    d.observe("serial", 0.100, 100)
+    d.observe("vmap", 0.098, 100)  # 2% better: within HYSTERESIS
+    assert d.cal.choice == "serial"
+    d.observe("vmap", 0.080, 100)
+    d.observe("vmap", 0.080, 100)
+    assert d.cal.choice == "vmap"
 
 
 def test_a_close_runner_up_is_tried_once_and_kept_if_it_wins():
-    cal = _cal(serial=0.100, threads=0.140, vmap=0.500)
-    assert cal.choice == "serial"
-    assert cal.next_trial() is None  # the choice runs a whole batch first
-    cal.observe("serial", 0.100, 100)
-    assert cal.next_trial() == "threads"  # within TRIAL (1.5x); vmap is not
-    cal.observe("threads", 0.200, 100)  # its first batch, on a cold pool: not a figure
-    assert cal.choice == "serial" and "threads" not in cal.observed
-    assert cal.next_trial() == "threads"  # so it runs once more, warm
-    cal.observe("threads", 0.070, 100)  # a whole batch says threads win after all
-    assert cal.choice == "threads"
-    assert cal.next_trial() is None  # every close candidate has been measured
+    d = _cal(serial=0.100, threads=0.140, vmap=0.500)
+    assert d.cal.choice == "serial"
+    assert d.next_trial() is None  # the choice runs a whole batch first
+    d.observe("serial", 0.100, 100)
+    assert d.next_trial() == "threads"  # within TRIAL (1.5x); vmap is not
+    d.observe("threads", 0.200, 100)  # its first batch, on a cold pool: not a figure
+    assert d.cal.choice == "serial" and "threads" not in d.cal.observed
+    assert d.next_trial() == "threads"  # so it runs once more, warm
+    d.observe("threads", 0.070, 100)  # a whole batch says threads win after all
+    assert d.cal.choice == "threads"
+    assert d.next_trial() is None  # every close candidate has been measured
 
 
 def test_a_trial_that_never_shows_a_figure_is_not_run_forever():
-    cal = _cal(serial=0.100, threads=0.140)
-    cal.observe("serial", 0.100, 100)
+    d = _cal(serial=0.100, threads=0.140)
+    d.observe("serial", 0.100, 100)
     for _ in range(2):
-        assert cal.next_trial() == "threads"
-        cal.warming.add("threads")  # (as if each of its batches were a warm-up)
-        cal.observe("threads", 0.3, 100)
-    assert cal.next_trial() is None and cal.choice == "serial"
+        assert d.next_trial() == "threads"
+        d.warming.add("threads")  # (as if each of its batches were a warm-up)
+        d.observe("threads", 0.3, 100)
+    assert d.next_trial() is None and d.cal.choice == "serial"
 
 
 def test_processes_are_not_a_candidate_until_started_and_loaded():
-    cal = _cal(serial=0.100, processes=0.040)
-    assert cal.choice == "serial" and cal.next_trial() is None
-    cal.started_processes(0.02)
-    assert cal.choice == "processes"
+    d = _cal(serial=0.100, processes=0.040)
+    assert d.cal.choice == "serial" and d.next_trial() is None
+    d.started_processes(0.02)
+    assert d.cal.choice == "processes"
 
 
 def test_processes_start_once_their_savings_would_have_paid_for_it():
-    cal = _cal(serial=0.115, processes=0.050)  # warm, 0.0575 s with POOL_MARGIN
+    d = _cal(serial=0.115, processes=0.050)  # warm, 0.0575 s with POOL_MARGIN
     saving = 0.115 - 0.050 * prep.auto.POOL_MARGIN
-    assert cal.processes_would_save(100) == pytest.approx(saving)
-    starts = [cal.plan_start(0.2, 100) for _ in range(4)]  # 0.2 s to start them
+    assert d.cal.processes_would_save(100) == pytest.approx(saving)
+    starts = [d.plan_start(0.2, 100) for _ in range(4)]  # 0.2 s to start them
     assert starts == [False, False, False, True]  # 3 x 57.5 ms < 0.2 s <= 4 x 57.5 ms
-    cal.started_processes(0.2)
-    assert cal.choice == "processes" and "processes started in 200 ms" in str(cal)
+    d.started_processes(0.2)
+    assert d.cal.choice == "processes" and "processes started in 200 ms" in str(d.cal)
 
 
 def test_a_start_that_pays_within_the_batch_happens_at_once():
-    cal = _cal(serial=1.0, processes=0.5)
-    assert cal.plan_start(0.02, 100)  # 20 ms to start, 0.42 s saved on this batch
+    d = _cal(serial=1.0, processes=0.5)
+    assert d.plan_start(0.02, 100)  # 20 ms to start, 0.42 s saved on this batch
 
 
 def test_the_forkserver_starts_at_once_while_serial_leaves_the_other_cores_idle():
-    cal = _cal(serial=0.100, threads=0.105, processes=0.050)
-    cal.thread_speedup = 0.95  # GIL-bound: threads run no faster than serial
-    assert cal.plan_server(1.5, 100)  # serial runs on one core: the server costs nothing
-    cal = _cal(serial=0.100, threads=0.105, processes=0.050)
-    cal.thread_speedup = 1.5  # threads use both cores: the choice may move to them
-    assert not cal.plan_server(1.5, 100)
+    d = _cal(serial=0.100, threads=0.105, processes=0.050)
+    d.cal.thread_speedup = 0.95  # GIL-bound: threads run no faster than serial
+    assert d.plan_server(1.5, 100)  # serial runs on one core: the server costs nothing
+    d = _cal(serial=0.100, threads=0.105, processes=0.050)
+    d.cal.thread_speedup = 1.5  # threads use both cores: the choice may move to them
+    assert not d.plan_server(1.5, 100)
 
 
 def test_the_forkserver_is_rented_while_another_executor_keeps_every_core_busy():
-    cal = _cal(serial=0.200, threads=0.100, processes=0.050)
-    assert cal.choice == "threads"
-    saving = cal.processes_would_save(100)  # 100 - 57.5 ms a batch
-    starts = [cal.plan_server(1.5, 100) for _ in range(40)]
+    d = _cal(serial=0.200, threads=0.100, processes=0.050)
+    assert d.cal.choice == "threads"
+    saving = d.cal.processes_would_save(100)  # 100 - 57.5 ms a batch
+    starts = [d.plan_server(1.5, 100) for _ in range(40)]
     assert starts.index(True) == math.ceil(1.5 / saving) - 1
-    cal = _cal(serial=0.100, processes=0.050)
-    cal.serial_cores = 2.0  # torch's own threads keep both cores busy under serial
-    assert not cal.plan_server(1.5, 100)
+    d = _cal(serial=0.100, processes=0.050)
+    d.cal.serial_cores = 2.0  # torch's own threads keep both cores busy under serial
+    assert not d.plan_server(1.5, 100)
 
 
 def test_the_first_batch_of_a_new_pool_is_not_counted():
-    cal = _cal(serial=0.100, processes=0.040)
-    cal.started_processes(0.02)
-    cal.observe("processes", 0.900, 100)  # its workers were building a tokenizer
-    assert "processes" not in cal.observed and cal.choice == "processes"
-    cal.observe("processes", 0.045, 100)
-    assert cal.figure("processes") == pytest.approx(0.045)
+    d = _cal(serial=0.100, processes=0.040)
+    d.started_processes(0.02)
+    d.observe("processes", 0.900, 100)  # its workers were building a tokenizer
+    assert "processes" not in d.cal.observed and d.cal.choice == "processes"
+    d.observe("processes", 0.045, 100)
+    assert d.cal.figure("processes") == pytest.approx(0.045)
 
 
 def test_processes_that_would_not_save_anything_never_start():
-    cal = _cal(serial=0.100, processes=0.095)
-    assert not any(cal.plan_start(0.001, 100) for _ in range(100))
+    d = _cal(serial=0.100, processes=0.095)
+    assert not any(d.plan_start(0.001, 100) for _ in range(100))
 
 
 @given(
@@ -506,10 +508,10 @@ def test_rent_or_buy_never_costs_more_than_about_twice_the_best_in_hindsight(
     start, best_other, speedup, batches
 ):
     warm = best_other / speedup  # processes, once started
-    cal = _cal(serial=best_other, processes=warm)
+    d = _cal(serial=best_other, processes=warm)
     cost, ready = 0.0, False
     for _ in range(batches):
-        if not ready and cal.plan_start(start, 100):
+        if not ready and d.plan_start(start, 100):
             cost, ready = cost + start, True
         cost += warm if ready else best_other
     hindsight = min(batches * best_other, start + batches * warm)
@@ -518,11 +520,11 @@ def test_rent_or_buy_never_costs_more_than_about_twice_the_best_in_hindsight(
 
 
 def test_a_dropped_executor_leaves_the_candidates_with_its_reason():
-    cal = _cal(serial=0.100, processes=0.040)
-    cal.started_processes(0.02)
-    cal.drop("processes", "it failed here: no room")
-    assert cal.choice == "serial" and "processes" not in cal.candidates()
-    assert "not considered: processes (it failed here: no room)" in str(cal)
+    d = _cal(serial=0.100, processes=0.040)
+    d.started_processes(0.02)
+    d.drop("processes", "it failed here: no room")
+    assert d.cal.choice == "serial" and "processes" not in d.cal.candidates()
+    assert "not considered: processes (it failed here: no room)" in str(d.cal)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5])
@@ -558,7 +560,7 @@ def _say_processes_win(pool: prep.Pool, fn, x: torch.Tensor) -> prep.auto.Calibr
     cal.predicted["processes"] = cal.figure(cal.choice) / 10
     cal.processes_ready = True
     cal.observed.pop("processes", None)
-    cal.choice = cal.best()
+    cal.choice = prep.auto.Decisions(cal).best()
     assert cal.choice == "processes", str(cal)
     return cal
 

@@ -145,13 +145,13 @@ def test_a_second_interpreter_starts_on_the_remembered_choice(file):
 
 
 def test_a_remembered_choice_moves_when_the_figures_do():
-    from prep.auto import Calibration
+    from prep.auto import Decisions
 
     entry = {"choice": "threads", "rows": 100, "figures": {"threads": 0.01, "serial": 0.05}}
-    cal = Calibration.from_wisdom(entry, workers=2, options="")
-    assert cal.choice == "threads" and cal.remembered
-    cal.observe("threads", 0.2, 100)  # this machine is not what the file says today
-    assert cal.choice == "serial"
+    d = Decisions.from_wisdom(entry, workers=2, options="")
+    assert d.cal.choice == "threads" and d.cal.remembered
+    d.observe("threads", 0.2, 100)  # this machine is not what the file says today
+    assert d.cal.choice == "serial"
 
 
 @pytest.mark.parametrize(
@@ -237,12 +237,12 @@ def test_figures_taken_on_a_busy_machine_are_not_remembered(file, monkeypatch):
 
 
 def test_a_remembered_calibration_tries_no_executor_again():
-    from prep.auto import Calibration
+    from prep.auto import Decisions
 
     entry = {"choice": "serial", "rows": 100, "figures": {"serial": 0.05, "threads": 0.06}}
-    cal = Calibration.from_wisdom(entry, workers=2, options="")
-    cal.observe("serial", 0.05, 100)
-    assert cal.next_trial() is None  # threads' figure is a whole batch's, from that run
+    d = Decisions.from_wisdom(entry, workers=2, options="")
+    d.observe("serial", 0.05, 100)
+    assert d.next_trial() is None  # threads' figure is a whole batch's, from that run
 
 
 def test_wisdom_off_says_nothing_of_a_busy_machine(monkeypatch):
@@ -251,4 +251,5 @@ def test_wisdom_off_says_nothing_of_a_busy_machine(monkeypatch):
     with prep.Pool("auto", workers=2) as pool:
         pool.map_rows(wisdomfns.doubled, torch.ones(64, 3))
         (cal,) = pool.choices()
-    assert cal.wisdom_key is None and "remembered" not in str(cal)
+        ((_, (decisions,)),) = pool._get("auto")._choices.values()
+    assert decisions.wisdom_key is None and "remembered" not in str(cal)

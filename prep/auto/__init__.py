@@ -2,14 +2,16 @@
 
 * :mod:`.calibrator` measures (on the first batch of a signature, writing every
   row it runs into the output);
-* :mod:`._figures` holds the figures, :mod:`.calibration` takes every decision
-  from them (and :mod:`._explain` prints both);
+* :mod:`._figures` holds the figures, :mod:`.calibration` is the report a user
+  reads (:mod:`._explain` writes it out), and :mod:`._decisions` takes every
+  decision from the figures;
 * :mod:`.executor` is the executor registered as ``"auto"``: it calibrates,
   starts a process pool when that pays, runs, times each batch and adapts.
 """
 
 from __future__ import annotations
 
+from ._decisions import Decisions
 from ._figures import POOL_MARGIN, POOLS, Figures
 from ._sample import Sample
 from .calibration import Calibration, signature
@@ -22,6 +24,7 @@ __all__ = [
     "AutoExecutor",
     "Calibration",
     "Calibrator",
+    "Decisions",
     "Figures",
     "Sample",
     "signature",

@@ -80,7 +80,7 @@ class BatchedForms:
         """
         s, job, cal = self.s, self.s.job, self.s.cal
         ex = s.get("vmap")
-        fn, _ = ex.batched(job.fn)  # type: ignore[attr-defined]  # a batched form's
+        fn, _ = ex.batched(job.fn)
         try:
             job.rows.take(0, 1).call_batched(fn)  # not timed: a first call can take 100x
         except Exception as exc:  # any failure just removes the candidate
@@ -119,7 +119,7 @@ class BatchedForms:
         # copies of up to 8 rows serial computed: a row function that changes its input
         # in place must not change the caller's batch a second time
         k = min(done, 8)
-        fn, _ = s.get("vmap").batched(job.fn)  # type: ignore[attr-defined]
+        fn, _ = s.get("vmap").batched(job.fn)
         try:  # not timed: a first vmap call in a process can take 100x a later one
             spec, leaves = flatten(job.rows.take(0, k).call_batched(fn))
         except Exception as exc:  # any failure just removes the candidate

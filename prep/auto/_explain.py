@@ -1,5 +1,8 @@
 """``print(calibration)``: what auto measured, predicted, observed and chose, in a few
-lines (the figures themselves are :class:`~prep.auto.Figures`' fields)."""
+lines (the figures themselves are :class:`~prep.auto.Figures`' fields).
+
+An :class:`Explanation` reads one signature's figures and writes them out: it
+renders, and decides nothing."""
 
 from __future__ import annotations
 
@@ -12,109 +15,122 @@ def _us(seconds: float | None) -> str:
     return f"{seconds * 1e6:,.1f} us" if seconds is not None else "-"
 
 
-def describe(cal: Figures) -> str:
-    """The sentence of :func:`why`, then the figures, what was left out and why, the
-    events, and the choice."""
-    lines = [
-        why(cal),
-        f"auto: {cal.rows} rows, {cal.workers} workers"
-        + (f", {cal.options}" if cal.options else "")
-        + f"; calibrated in {cal.seconds * 1e3:.1f} ms, computing {cal.sample} of the rows",
-        _measured(cal),
-        "  predicted for a whole batch: "
-        + ", ".join(
-            f"{k} {v * 1e3:.1f} ms" for k, v in sorted(cal.predicted.items(), key=lambda kv: kv[1])
-        ),
-    ]
-    if cal.observed:
-        lines.append(
-            "  measured a whole batch (median): "
-            + ", ".join(
-                f"{k} {cal.figure(k) * 1e3:.1f} ms over {len(v)}"
-                for k, v in sorted(cal.observed.items(), key=lambda kv: cal.figure(kv[0]))
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+class Explanation:
+    """The text of one signature's figures: a sentence, then the lines behind it."""
+
+    def __init__(self, figures: Figures) -> None:
+        self.figures = figures
+
+    def __str__(self) -> str:
+        """The sentence of :meth:`why`, then the figures, what was left out and why, the
+        events, and the choice."""
+        cal = self.figures
+        predicted = sorted(cal.predicted.items(), key=lambda kv: kv[1])
+        lines = [
+            self.why(),
+            f"auto: {cal.rows} rows, {cal.workers} workers"
+            + (f", {cal.options}" if cal.options else "")
+            + f"; calibrated in {cal.seconds * 1e3:.1f} ms, computing {cal.sample} of the rows",
+            self._measured(),
+            "  predicted for a whole batch: "
+            + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in predicted),
+        ]
+        if cal.observed:
+            lines.append(
+                "  measured a whole batch (median): "
+                + ", ".join(
+                    f"{k} {cal.figure(k) * 1e3:.1f} ms over {len(v)}"
+                    for k, v in sorted(cal.observed.items(), key=lambda kv: cal.figure(kv[0]))
+                )
             )
-        )
-    if cal.setup_seconds:
-        lines.append(
-            f"  setup= takes {cal.setup_seconds * 1e3:,.1f} ms here: a new process pool "
-            f"counts it once a worker in its start-up"
-        )
-    lines += [f"  not considered: {k} ({why})" for k, why in cal.dropped.items()]
-    lines += [f"  {e}" for e in cal.events]
-    lines += _processes(cal)
-    if cal.remembered:
-        lines.append(
-            f"  remembered from an earlier run on this machine ({cal.remembered}); every "
-            f"batch is still timed, and the choice moves when the figures do"
-        )
-    lines.append(f"  choice: {cal.choice}")
-    return "\n".join(lines)
+        if cal.setup_seconds:
+            lines.append(
+                f"  setup= takes {cal.setup_seconds * 1e3:,.1f} ms here: a new process pool "
+                f"counts it once a worker in its start-up"
+            )
+        lines += [f"  not considered: {k} ({why})" for k, why in cal.dropped.items()]
+        lines += [f"  {e}" for e in cal.events]
+        lines += self._processes()
+        if cal.remembered:
+            lines.append(
+                f"  remembered from an earlier run on this machine ({cal.remembered}); every "
+                f"batch is still timed, and the choice moves when the figures do"
+            )
+        lines.append(f"  choice: {cal.choice}")
+        return "\n".join(lines)
 
+    def why(self) -> str:
+        """One sentence first: what auto runs and why, before the figures."""
+        cal = self.figures
+        choice = cal.choice
+        others = sorted((n for n in cal.predicted if n != choice), key=cal.figure)
+        if cal.remembered and not cal.observed:
+            return f"{choice}: remembered from an earlier run here, not yet timed in this one."
+        if not cal.settled:
+            return (
+                f"{choice} for now: a batched form ran this first batch without winning "
+                f"outright, so the pools are measured on the next one."
+            )
+        light = cal.dropped.get("threads, processes", "")
+        if choice == "serial" and light.startswith("the batch takes"):
+            return f"serial: {light}, so no pool can win."
+        measured = "measured" if cal.observed.get(choice) else "predicted"
+        text = f"{choice}: {measured} {_ms(cal.figure(choice))} a batch"
+        if others:
+            text += ", against " + ", ".join(f"{n} {_ms(cal.figure(n))}" for n in others[:2])
+        pending = "processes" in cal.predicted and not cal.processes_ready and choice != "processes"
+        if pending and cal.figure("processes") < cal.figure(choice):
+            text += "; processes start once what they save has paid for their start-up"
+        return text + "."
 
-def _measured(cal: Figures) -> str:
-    """The calibration's per-row figures, in one line."""
-    dispatch = start = ""
-    if cal.process_dispatch is not None:
-        dispatch = (
-            f", process dispatch {cal.process_dispatch * 1e3:.2f} ms/batch"
-            if cal.dispatch_measured
-            else f", process dispatch ~{cal.process_dispatch * 1e3:.0f} ms/batch assumed"
-        )
-    if "processes" in cal.predicted and not cal.processes_ready:
-        start = (
-            f" (no pool yet: +{cal.process_start * 1e3:,.0f} ms to start it, measured)"
-            if cal.process_start is not None
-            else " (no pool yet: its start-up is measured once prep's forkserver is up)"
-        )
-    return (
-        f"  serial {_us(cal.serial_row)}/row"
-        + (f" ({_us(cal.one_thread_row)} on one worker's threads)" if cal.one_thread_row else "")
-        + (f", vectorized {_us(cal.vectorized_row)}/row" if cal.vectorized_row else "")
-        + (f", vmap {_us(cal.vmap_row)}/row" if cal.vmap_row else "")
-        + (f", threads run {cal.thread_speedup:.2f}x serial" if cal.thread_speedup else "")
-        + dispatch
-        + start
-    )
-
-
-def _processes(cal: Figures) -> list[str]:
-    """When a process pool would start, and what checking its rows cost."""
-    lines = []
-    saving = cal.processes_would_save(cal.rows)
-    if saving and cal.process_start:
-        lines.append(
-            f"  processes would save {saving * 1e3:,.1f} ms a batch once started: "
-            f"they start after about {math.ceil(cal.process_start / saving)} batches "
-            f"({cal.saved_by_processes * 1e3:,.1f} ms saved so far)"
-        )
-    if cal.check_seconds:
-        lines.append(
-            f"  checking rows in the workers against serial's here took "
-            f"{cal.check_seconds * 1e3:,.1f} ms, once"
-        )
-    return lines
-
-
-def why(cal: Figures) -> str:
-    """One sentence first: what auto runs and why, before the figures."""
-    ms = lambda s: f"{s * 1e3:,.1f} ms"  # noqa: E731
-    choice = cal.choice
-    others = sorted((n for n in cal.predicted if n != choice), key=cal.figure)
-    if cal.remembered and not cal.observed:
-        return f"{choice}: remembered from an earlier run here, not yet timed in this one."
-    if not cal.settled:
+    def _measured(self) -> str:
+        """The calibration's per-row figures, in one line."""
+        cal = self.figures
+        dispatch = start = ""
+        if cal.process_dispatch is not None:
+            dispatch = (
+                f", process dispatch {cal.process_dispatch * 1e3:.2f} ms/batch"
+                if cal.dispatch_measured
+                else f", process dispatch ~{cal.process_dispatch * 1e3:.0f} ms/batch assumed"
+            )
+        if "processes" in cal.predicted and not cal.processes_ready:
+            start = (
+                f" (no pool yet: +{cal.process_start * 1e3:,.0f} ms to start it, measured)"
+                if cal.process_start is not None
+                else " (no pool yet: its start-up is measured once prep's forkserver is up)"
+            )
+        one_thread = cal.one_thread_row
         return (
-            f"{choice} for now: a batched form ran this first batch without winning "
-            f"outright, so the pools are measured on the next one."
+            f"  serial {_us(cal.serial_row)}/row"
+            + (f" ({_us(one_thread)} on one worker's threads)" if one_thread else "")
+            + (f", vectorized {_us(cal.vectorized_row)}/row" if cal.vectorized_row else "")
+            + (f", vmap {_us(cal.vmap_row)}/row" if cal.vmap_row else "")
+            + (f", threads run {cal.thread_speedup:.2f}x serial" if cal.thread_speedup else "")
+            + dispatch
+            + start
         )
-    light = cal.dropped.get("threads, processes", "")
-    if choice == "serial" and light.startswith("the batch takes"):
-        return f"serial: {light}, so no pool can win."
-    measured = "measured" if cal.observed.get(choice) else "predicted"
-    text = f"{choice}: {measured} {ms(cal.figure(choice))} a batch"
-    if others:
-        text += ", against " + ", ".join(f"{n} {ms(cal.figure(n))}" for n in others[:2])
-    pending = "processes" in cal.predicted and not cal.processes_ready and choice != "processes"
-    if pending and cal.figure("processes") < cal.figure(choice):
-        text += "; processes start once what they save has paid for their start-up"
-    return text + "."
+
+    def _processes(self) -> list[str]:
+        """When a process pool would start, and what checking its rows cost."""
+        cal = self.figures
+        lines = []
+        saving = cal.processes_would_save(cal.rows)
+        if saving and cal.process_start:
+            lines.append(
+                f"  processes would save {saving * 1e3:,.1f} ms a batch once started: "
+                f"they start after about {math.ceil(cal.process_start / saving)} batches "
+                f"({cal.saved_by_processes * 1e3:,.1f} ms saved so far)"
+            )
+        if cal.check_seconds:
+            lines.append(
+                f"  checking rows in the workers against serial's here took "
+                f"{cal.check_seconds * 1e3:,.1f} ms, once"
+            )
+        return lines
+
+
+__all__ = ["Explanation"]

@@ -1,10 +1,13 @@
 """What ``auto`` knows about one signature: the figures measured on its first batch,
-the batches observed since, and what they cost (:class:`Figures`). The decisions
-taken from them are :class:`~prep.auto.Calibration`'s; ``print`` shows both."""
+the batches observed since, and what they cost (:class:`Figures`), with the log
+of what happened to them (:class:`EventLog`). The decisions taken from them are
+:class:`~prep.auto._decisions.Decisions`'; the report a user reads is
+:class:`~prep.auto.Calibration`."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +19,26 @@ POOLS = ("threads", "processes")
 KEEP = 8
 #: events kept for ``explain``
 EVENTS = 8
+
+
+class EventLog:
+    """Switches, trials, fallbacks and pool starts, in order: the last ``EVENTS``."""
+
+    def __init__(self) -> None:
+        self._events: list[str] = []
+
+    def note(self, event: str) -> None:
+        self._events.append(event)
+        del self._events[:-EVENTS]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __repr__(self) -> str:
+        return f"EventLog({self._events!r})"
 
 
 @dataclass
@@ -53,11 +76,7 @@ class Figures:
     saved_by_processes: float = 0.0
     batches: int = 0
     #: switches, trials, fallbacks and pool starts, in order, for ``explain``
-    events: list[str] = field(default_factory=list)
-    #: trial batches run per executor (the first warms it up, the second is timed)
-    trials: dict[str, int] = field(default_factory=dict)
-    #: pools just started, whose next batch is not counted (their workers warm up)
-    warming: set[str] = field(default_factory=set)
+    events: EventLog = field(default_factory=EventLog)
     #: False: a batched form ran the first batch without winning outright; the next
     #: batch measures the pools against it
     settled: bool = True
@@ -67,18 +86,8 @@ class Figures:
     dispatch_measured: bool = False
     #: seconds spent checking that rows run in worker processes equal serial's here
     check_seconds: float = 0.0
-    #: the workers' rows have been compared with serial's (or could not be)
-    processes_checked: bool = False
-    #: (job, probe): copies of the rows a process pool started for, and serial's results
-    probe: Any = field(default=None, repr=False, compare=False)
     #: when the choice was remembered from an earlier interpreter ("" if measured here)
     remembered: str = ""
-    #: the key of this signature in the wisdom file (None: not remembered)
-    wisdom_key: str | None = None
-    #: what was last written to the wisdom file, so that a write happens on a change
-    written: Any = None
-    #: explain already says that the figures were not remembered (a busy machine)
-    busy_noted: bool = False
 
     # ------------------------------------------------------------ figures
 
@@ -87,7 +96,8 @@ class Figures:
         seen = self.observed.get(name)
         return _median(seen) if seen else self.predicted[name]
 
-    def _cost(self, name: str) -> float:
+    def cost(self, name: str) -> float:
+        """:meth:`figure`, counted with ``POOL_MARGIN`` for a pool never observed."""
         # an unobserved pool has to save more than measurement noise to take the cores
         margin = POOL_MARGIN if name in POOLS and not self.observed.get(name) else 1.0
         return self.figure(name) * margin
@@ -102,13 +112,8 @@ class Figures:
         others = [n for n in self.candidates() if n != "processes"]
         if self.processes_ready or "processes" not in self.predicted or not others:
             return 0.0
-        best = min(self._cost(n) for n in others)
+        best = min(self.cost(n) for n in others)
         return max(0.0, best - self.predicted["processes"] * POOL_MARGIN) * rows / self.rows
-
-    def note(self, event: str) -> None:
-        """Remember what happened, for ``explain`` (the last few events)."""
-        self.events.append(event)
-        del self.events[:-EVENTS]
 
     # ------------------------------------------------------------ wisdom
 
@@ -123,16 +128,17 @@ class Figures:
             "thread_speedup": self.thread_speedup,
         }
 
-    def wisdom_changed(self) -> bool:
-        """Whether the choice or what backs it moved since the last write (a new
-        choice, an executor measured for the first time, a pool started, or the
-        choice's own figure over 2 and 8 batches)."""
+    def backing(self) -> Any:
+        """What backs the choice, to tell when it moved (a new choice, an executor
+        measured for the first time, a pool started, or the choice's own figure over
+        2 and 8 batches)."""
         seen = self.observed.get(self.choice, [])
-        now = (self.choice, tuple(sorted(self.observed)), self.processes_ready, len(seen) in (2, 8))
-        if now == self.written or not self.settled:
-            return False
-        self.written = now
-        return True
+        return (
+            self.choice,
+            tuple(sorted(self.observed)),
+            self.processes_ready,
+            len(seen) in (2, 8),
+        )
 
 
 def _median(values: list[float]) -> float:
@@ -142,4 +148,4 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-__all__ = ["EVENTS", "KEEP", "POOLS", "POOL_MARGIN", "Figures"]
+__all__ = ["EVENTS", "KEEP", "POOLS", "POOL_MARGIN", "EventLog", "Figures"]

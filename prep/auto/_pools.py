@@ -1,15 +1,16 @@
 """The pools auto weighs: the thread pool, timed on rows of the batch, and worker
 processes, predicted rather than started just to be measured (whether and when
-to start them is :meth:`~prep.auto.Calibration.plan_start`'s call)."""
+to start them is :meth:`~prep.auto._decisions.Decisions.plan_start`'s call).
+Whether processes can take the batch, what starting and dispatching cost them
+and how a worker runs torch, the executor itself says (its contract), so no
+executor class is named here."""
 
 from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
-from ..executors._base import BLOCK, threads_per_worker
-from ..executors.processes import ProcessExecutor, pickle_fn, shm_fits, shm_free
-from ..executors.threads import on_intra_op_threads
+from ..executors import Executor
+from ..executors._base import BLOCK
 from ._sample import Sample
 
 #: seconds of serial work below which worker processes are not even considered
@@ -47,20 +48,15 @@ class PoolEstimates:
     def consider_processes(self) -> None:
         """Predict a started process pool's batch, or say why processes are left out."""
         s, cal = self.s, self.s.cal
-        reason = self._no_processes()
-        if reason is None:
-            cal.bytes_per_row = self._bytes_per_row()
-            if not shm_fits(cal.bytes_per_row * s.n):
-                reason = (
-                    f"the batch and its result need {cal.bytes_per_row * s.n / 2**20:.0f} MB "
-                    f"of shared memory, /dev/shm has {(shm_free() or 0) / 2**20:.0f} MB free"
-                )
-        if reason:
+        if (reason := self._no_processes()) is not None:
             cal.dropped["processes"] = reason
             return
-        self._one_thread()
         ex = s.get("processes")
-        assert isinstance(ex, ProcessExecutor), f"the processes executor is a {type(ex).__name__}"
+        cal.bytes_per_row = self._bytes_per_row()
+        if (reason := ex.unsuitable(s.job, cal.bytes_per_row * s.n)) is not None:
+            cal.dropped["processes"] = reason
+            return
+        self._one_thread(ex)
         cal.process_start = ex.start_cost()
         if cal.process_start == 0:  # a warm pool: measure what a batch costs it
             cal.process_dispatch = ex.dispatch_cost()
@@ -70,7 +66,7 @@ class PoolEstimates:
 
     def _no_processes(self) -> str | None:
         s, cal = self.s, self.s.cal
-        rows, left = s.job.rows, s.main.left
+        left = s.main.left
         if not s.allow_processes:
             return "inside a DataLoader worker (no child processes)"
         if s.cores < 2:
@@ -80,12 +76,6 @@ class PoolEstimates:
                 f"the rest of the batch takes {left * cal.serial_row * 1e3:.1f} ms "
                 f"serially; worker processes cannot pay off"
             )
-        if rows.device.type != "cpu":
-            return "the batch is on a GPU"
-        try:
-            pickle_fn(s.job.fn)
-        except ConfigError:
-            return "the function cannot be pickled"
         return None
 
     def _bytes_per_row(self) -> int:
@@ -95,13 +85,13 @@ class PoolEstimates:
         result = out.nbytes // max(1, len(out)) if out is not None else 0
         return s.job.rows.nbytes // max(1, s.n) + result
 
-    def _one_thread(self) -> None:
-        """Serial again with torch on one intra-op thread, as each of ``workers`` worker
-        processes on as many cores runs it: when torch's own threads already spread
-        a row over the cores, the workers have nothing left to divide."""
+    def _one_thread(self, ex: Executor) -> None:
+        """Serial again with torch on as many intra-op threads as each of ``ex``'s
+        workers has: when torch's own threads already spread a row over the cores,
+        the workers have nothing left to divide."""
         s, cal, main = self.s, self.s.cal, self.s.main
-        intra = torch.get_num_threads()
-        if intra < 2 or threads_per_worker(cal.workers) >= intra or main.left < 8:
+        intra, share = torch.get_num_threads(), ex.worker_threads()
+        if intra < 2 or share is None or share >= intra or main.left < 8:
             return
         rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, main.left // 8))
 
@@ -118,7 +108,7 @@ class PoolEstimates:
             return per_row
 
         # in a thread of its own: torch's setting is per thread, and the caller's stays
-        per_row = on_intra_op_threads(measure, threads_per_worker(cal.workers))
+        per_row = ex.as_worker(measure)
         cal.one_thread_row = per_row
         cal.serial_cores = min(max(1.0, per_row / cal.serial_row), float(s.cores))
 

@@ -1,15 +1,18 @@
 """Starting a process pool for auto: rent or buy, and serial's word first.
 
-When the figures say a started pool pays (:meth:`Calibration.plan_start`), the
-pool starts before the batch; the first time in an interpreter, prep's
-forkserver (it imports torch) starts in the background while the batches go on.
+When the figures say a started pool pays (:meth:`Decisions.plan_start`), the
+pool starts before the batch; while what starting it costs is not known yet
+(prep's forkserver, which imports torch, has not run in this interpreter), the
+executor warms up in the background while the batches go on. Everything here
+goes through the executor contract (:class:`~prep.executors.Executor`'s
+``start_cost``, ``warm_up``, ``prepare``), never an executor's class.
+
 Before the workers are used for a function, they must have loaded it; the first
 batch they run is then compared, on a few rows, with serial's results here
 (:mod:`prep._trust`), since another interpreter's ``hash()``, module globals and
 RNG can differ from this one's: on a difference the batch runs again in this
-process and processes are dropped. A
-function that writes into its input rows is kept in this process, where the
-write lands as it does under serial.
+process and processes are dropped. A function that writes into its input rows
+is kept in this process, where the write lands as it does under serial.
 """
 
 from __future__ import annotations
@@ -20,11 +23,9 @@ from collections.abc import Callable
 from .._state import setup_seconds
 from .._trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
-from ..executors import _spawn
-from ..executors._base import Executor, Job
-from ..executors.processes import ProcessExecutor
+from ..executors import Executor, Job
+from ._decisions import Decisions
 from ._sample import now
-from .calibration import Calibration
 
 #: seconds of CPU prep's forkserver is taken to cost (it imports torch) before it has
 #: started once in this interpreter and been measured: 0.7-2.5 s on 2-core machines here.
@@ -40,65 +41,66 @@ class ProcessStarter:
         self.workers = workers
         self._lock = lock  # the auto executor's: calibrations are shared by its threads
 
-    def plan(self, cal: Calibration, job: Job, allow: bool) -> None:
+    def plan(self, d: Decisions, job: Job, allow: bool) -> None:
         """Start the process pool before this batch when it pays (rent or buy)."""
+        cal = d.cal
         if not allow or cal.processes_ready or "processes" not in cal.predicted:
             return
         ex = self._get("processes")
         rows = len(job.rows) - job.start
-        assert isinstance(ex, ProcessExecutor), f"the processes executor is a {type(ex).__name__}"
         start = ex.start_cost()
         # each new worker builds its own state first: setup=, once per worker, counted
         # as the CPU time it takes (a 2 s model on two workers is 4 s to win back)
         cal.setup_seconds = setup_seconds(job.fn)
         setup = cal.setup_seconds * self.workers
-        if start is None:  # prep's forkserver is not up: start it, in the background
-            costs = _spawn.start_costs()
-            if costs.failed:
-                cal.drop("processes", f"its workers could not start here ({costs.failed})")
-            elif cal.plan_server((costs.server or SERVER_PRIOR) + setup, rows) and _spawn.warm_up():
-                cal.note(
+        if start is None:  # not known before it has warmed up: warm it, in the background
+            failed = ex.start_failure()
+            if failed:
+                d.drop("processes", f"its workers could not start here ({failed})")
+            elif d.plan_server((ex.warm_up_cost() or SERVER_PRIOR) + setup, rows) and ex.warm_up():
+                cal.events.note(
                     f"batch {cal.batches + 1}: prep's forkserver starting in the background "
                     f"(processes would save {cal.processes_would_save(cal.rows) * 1e3:,.1f} ms "
                     f"a batch); processes are weighed once it is up"
                 )
             return
         cal.process_start = start + setup
-        if not cal.plan_start(start + setup, rows):
+        if not d.plan_start(start + setup, rows):
             return
-        probe = self.probe_for(cal, job)
+        probe = self.probe_for(d, job)
         if probe is not None and (row := probe.writes_input()) is not None:
             with self._lock:
-                cal.drop("processes", writes_input(job.start + row))
+                d.drop("processes", writes_input(job.start + row))
             return
-        cal.probe = (job, probe)  # compared with the workers' rows of this very batch
+        d.probe = (job, probe)  # compared with the workers' rows of this very batch
         try:
-            took = ex.load(job.fn, job.remaining())
+            took = ex.prepare(job.fn, job.remaining())
         except ExecutorUnavailable as exc:
             with self._lock:
-                cal.drop("processes", f"its workers could not load the function: {exc}")
+                d.drop("processes", f"its workers could not load the function: {exc}")
             return
         with self._lock:
             cal.process_start = took
-            cal.started_processes(took)
+            d.started_processes(took)
 
-    def probe_for(self, cal: Calibration, job: Job) -> Probe | None:
+    def probe_for(self, d: Decisions, job: Job) -> Probe | None:
         """Copies of the first rows ``job`` has left, and serial's results on them here:
         the one taken when the pool started, if it was for this job."""
-        held = cal.probe
+        held = d.probe
         if held is not None and held[0] is job:
             return held[1]
         t = now(False)
         probe = Probe.take(job.fn, job.rows.window(job.start, len(job.rows)))
-        cal.check_seconds += now(False) - t
+        d.cal.check_seconds += now(False) - t
         return probe
 
-    def verify(self, cal: Calibration, job: Job, probe: Probe | None) -> str | None:
+    def verify(self, d: Decisions, job: Job, probe: Probe | None) -> str | None:
         """Serial is the reference: after the workers ran ``job``, their rows must equal
         the probe's, computed here; the reason to drop processes, or None. Only on a
         difference is the function run here again, to tell a function that is not
         deterministic here either (random augmentation: no single right answer to
         compare with) from one that computes other values in other interpreters."""
+        cal = d.cal
         t = now(False)
         try:
             if probe is None:
@@ -109,7 +111,7 @@ class ProcessStarter:
                 return None
             if not probe.deterministic():
                 with self._lock:
-                    cal.note(
+                    cal.events.note(
                         f"batch {cal.batches + 1}: the function gives other values each time "
                         f"here (random augmentation, say), so its rows in the workers were "
                         f"not compared with serial's"
@@ -118,7 +120,7 @@ class ProcessStarter:
             return mismatch_reason("processes", job.start + row)
         finally:
             cal.check_seconds += now(False) - t
-            cal.processes_checked, cal.probe = True, None
+            d.processes_checked, d.probe = True, None
 
 
 __all__ = ["SERVER_PRIOR", "ProcessStarter"]

@@ -33,7 +33,7 @@ vmap try costs those few rows once more):
    divide), plus the warm pool's dispatch cost (measured once per pool, on a
    no-op), and the cost of copying the batch and result through shared
    memory. The prediction is for a started pool; whether and when to start
-   one (its start-up measured here) is :meth:`Calibration.plan_start`'s call.
+   one (its start-up measured here) is :meth:`Decisions.plan_start`'s call.
    Left out inside DataLoader workers, on one core, for functions that cannot
    be pickled, for CUDA batches, and for less than 10 ms of work.
 
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from .._rowwise import twin_of
 from ._batched import BatchedForms
+from ._decisions import Decisions
 from ._pools import PoolEstimates
 from ._sample import Sample
 from .calibration import Calibration
@@ -63,7 +64,8 @@ class Calibrator:
 
     It measures a :class:`Sample` (the job, the executors by name, and the
     signature's unsettled calibration from the batch before, if any: its batched
-    form's figure is kept, and this batch measures the pools).
+    form's figure is kept, and this batch measures the pools). :meth:`run` returns
+    the report; ``decisions`` goes on choosing from it.
     """
 
     def __init__(self, sample: Sample) -> None:
@@ -71,6 +73,7 @@ class Calibrator:
         self.batched = BatchedForms(self.sample)
         self.pools = PoolEstimates(self.sample)
         self.cal = self.sample.cal
+        self.decisions = Decisions(self.cal)
 
     @property
     def done(self) -> int:
@@ -145,7 +148,7 @@ class Calibrator:
             # serial_cores (>= 1) cores is what the workers share
             work = rows * cal.serial_row * cal.serial_cores / s.cores
             p["processes"] = work + cal.process_dispatch + copy
-        cal.choice = cal.best()
+        cal.choice = self.decisions.best()
         cal.sample = self.done
         cal.seconds = s.now() - t0
         return cal

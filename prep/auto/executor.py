@@ -28,9 +28,9 @@ from typing import Any
 from .._output import Output
 from .._rowwise import twin_of
 from ..errors import ExecutorUnavailable
-from ..executors import REGISTRY
-from ..executors._base import Executor, Job, in_worker_process
+from ..executors import REGISTRY, Executor, Job, in_worker_process
 from . import wisdom
+from ._decisions import Decisions
 from ._sample import Sample, now, on_cuda, run_tolerant
 from ._starter import ProcessStarter
 from .calibration import Calibration, signature
@@ -47,7 +47,9 @@ class AutoExecutor(Executor):
     function itself, so that its id is not reused while the choice is kept.
 
     ``executors`` gives the executor of a name (``map_rows`` shares its warm pools
-    this way); by default auto makes its own and closes them with itself.
+    this way); by default auto makes its own, from the table of concrete executors
+    (:data:`prep.executors.REGISTRY`), and closes them with itself. It reaches them
+    through the executor contract alone.
     """
 
     name = "auto"
@@ -65,7 +67,7 @@ class AutoExecutor(Executor):
         super().__init__(workers)
         self._own: dict[str, Executor] = {}
         self._get = executors or self._make
-        self._choices: dict[Any, tuple[Any, list[Calibration]]] = {}
+        self._choices: dict[Any, tuple[Any, list[Decisions]]] = {}
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self._starter = ProcessStarter(self.executor, self.workers, self._lock)
@@ -89,12 +91,12 @@ class AutoExecutor(Executor):
 
     # ------------------------------------------------------------ the cache
 
-    def _kept(self, key: Any, n: int) -> Calibration | None:
+    def _kept(self, key: Any, n: int) -> Decisions | None:
         with self._lock:
             _, kept = self._choices.get(key, (None, []))
-            return next((c for c in reversed(kept) if c.rows / 4 <= n <= c.rows * 4), None)
+            return next((d for d in reversed(kept) if d.cal.rows / 4 <= n <= d.cal.rows * 4), None)
 
-    def _keep(self, key: Any, fn: Any, new: Calibration, old: Calibration | None) -> None:
+    def _keep(self, key: Any, fn: Any, new: Decisions, old: Decisions | None) -> None:
         with self._lock:
             _, kept = self._choices.get(key, (None, []))
             kept = [c for c in kept if c is not old][-(self.SIZES - 1) :] + [new]
@@ -106,7 +108,7 @@ class AutoExecutor(Executor):
     def choices(self) -> dict[Any, Calibration]:
         """The latest choice of each signature."""
         with self._lock:
-            return {key: kept[-1] for key, (_, kept) in self._choices.items()}
+            return {key: kept[-1].cal for key, (_, kept) in self._choices.items()}
 
     def explain(self) -> str:
         """What auto measured and chose for each signature it has seen."""
@@ -121,31 +123,34 @@ class AutoExecutor(Executor):
             return self._get("vectorized" if twin else "serial").run(job)
         allow = not in_worker_process()
         key = signature(job.fn, job.rows, job.pin, job.policy)
-        cal = self._kept(key, n)
-        if cal is not None and not allow and "processes" in cal.predicted:
-            cal = None  # a choice made where processes were allowed: measure again here
-        if cal is None:
-            cal = self._recall(key, job, allow)
-        if cal is None or not cal.settled:
-            prior = cal
-            calibrator = Calibrator(Sample(job, self._get, self.workers, allow, prior))
-            cal = calibrator.run()
-            cal.wisdom_key = prior.wisdom_key if prior else self._wisdom_key(job)
-            self._keep(key, job.fn, cal, prior)
+        d = self._kept(key, n)
+        if d is not None and not allow and "processes" in d.cal.predicted:
+            d = None  # a choice made where processes were allowed: measure again here
+        if d is None:
+            d = self._recall(key, job, allow)
+        if d is None or not d.cal.settled:
+            prior = d
+            calibrator = Calibrator(
+                Sample(job, self._get, self.workers, allow, prior.cal if prior else None)
+            )
+            calibrator.run()
+            d = calibrator.decisions
+            d.wisdom_key = prior.wisdom_key if prior else self._wisdom_key(job)
+            self._keep(key, job.fn, d, prior)
             if calibrator.done >= n:
-                cal.batches += 1
-                self._remember(cal)
+                d.cal.batches += 1
+                self._remember(d)
                 assert job.output is not None, "the calibrator ran every row"
                 return job.output
             rest = job.part(calibrator.done)
-            self._starter.plan(cal, rest, allow)
-            out = self._run(cal, cal.choice, rest, observe=False)
+            self._starter.plan(d, rest, allow)
+            out = self._run(d, d.cal.choice, rest, observe=False)
             job.output = out
-            self._remember(cal)
+            self._remember(d)
             return out
-        self._starter.plan(cal, job, allow)
-        out = self._run(cal, cal.next_trial() or cal.choice, job, observe=True)
-        self._remember(cal)
+        self._starter.plan(d, job, allow)
+        out = self._run(d, d.next_trial() or d.cal.choice, job, observe=True)
+        self._remember(d)
         return out
 
     # ------------------------------------------------------------ wisdom
@@ -156,67 +161,70 @@ class AutoExecutor(Executor):
         options = (job.pin, repr(job.policy))
         return wisdom.key(job.fn, job.rows.layout(), len(job.rows), self.workers, options)
 
-    def _recall(self, key: Any, job: Job, allow: bool) -> Calibration | None:
+    def _recall(self, key: Any, job: Job, allow: bool) -> Decisions | None:
         """A calibration remembered by an earlier interpreter, kept as if measured."""
         wkey = self._wisdom_key(job)
         entry = wisdom.recall(wkey, lambda name: name in REGISTRY)  # auto is not one of them
         if entry is None:
             return None
-        cal = Calibration.from_wisdom(entry, self.workers, job.policy.describe())
-        cal.wisdom_key = wkey
+        d = Decisions.from_wisdom(entry, self.workers, job.policy.describe())
+        d.wisdom_key = wkey
         if not allow:
-            cal.drop("processes", "inside a DataLoader worker (no child processes)")
+            d.drop("processes", "inside a DataLoader worker (no child processes)")
         if not job.rows.batched or twin_of(job.fn) is None:
-            cal.drop("vectorized", "no batched twin here")
+            d.drop("vectorized", "no batched twin here")
         if not job.rows.batched:
-            cal.drop("vmap", "a list of samples has no batched form")
-        self._keep(key, job.fn, cal, None)
-        return cal
+            d.drop("vmap", "a list of samples has no batched form")
+        self._keep(key, job.fn, d, None)
+        return d
 
-    def _remember(self, cal: Calibration) -> None:
+    def _remember(self, d: Decisions) -> None:
+        cal = d.cal
         with self._lock:
-            if cal.wisdom_key is None or not cal.wisdom_changed():
+            if d.wisdom_key is None or not d.wisdom_changed():
                 return
             busy = wisdom.busy()
             if busy:  # figures taken while others use the cores would mislead later runs
-                if not cal.busy_noted:
-                    cal.busy_noted = True
-                    cal.note(f"batch {cal.batches}: not remembered for later runs: {busy}")
+                if not d.busy_noted:
+                    d.busy_noted = True
+                    cal.events.note(f"batch {cal.batches}: not remembered for later runs: {busy}")
                 return
             entry = cal.to_wisdom()
-        wisdom.remember_later(cal.wisdom_key, entry)
+        wisdom.remember_later(d.wisdom_key, entry)
 
-    def _run(self, cal: Calibration, name: str, job: Job, *, observe: bool) -> Output | None:
+    def _run(self, d: Decisions, name: str, job: Job, *, observe: bool) -> Output | None:
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
-        start, cuda = job.start, on_cuda(job.rows)
-        check = name == "processes" and not cal.processes_checked
-        probe = self._starter.probe_for(cal, job) if check else None
+        cal, start, cuda = d.cal, job.start, on_cuda(job.rows)
+        check = name == "processes" and not d.processes_checked
+        probe = self._starter.probe_for(d, job) if check else None
         t = now(cuda)
         try:
             out = run_tolerant(self._get(name), job)
         except ExecutorUnavailable as exc:  # raised before any row ran, by its contract
-            self._fall_back(cal, name, exc)
-            return self._run(cal, cal.choice, job, observe=observe)
+            self._fall_back(d, name, exc)
+            return self._run(d, cal.choice, job, observe=observe)
         took = now(cuda) - t
-        if check and (reason := self._starter.verify(cal, job, probe)):
+        if check and (reason := self._starter.verify(d, job, probe)):
             with self._lock:  # serial is the reference: these rows run again, here
-                cal.drop("processes", reason)
-                cal.note(f"batch {cal.batches + 1}: processes dropped: {reason.split('.')[0]}")
+                d.drop("processes", reason)
+                cal.events.note(
+                    f"batch {cal.batches + 1}: processes dropped: {reason.split('.')[0]}"
+                )
             job.failures.forget(start)
-            return self._run(cal, cal.choice, job, observe=observe)
+            return self._run(d, cal.choice, job, observe=observe)
         with self._lock:
             cal.batches += 1
             if observe:
-                cal.observe(name, took, len(job.rows) - start)
+                d.observe(name, took, len(job.rows) - start)
             else:  # the rest of a calibrated batch: not a whole batch, but it warmed the pool
-                cal.warming.discard(name)
+                d.warming.discard(name)
         return out
 
-    def _fall_back(self, cal: Calibration, name: str, exc: ExecutorUnavailable) -> None:
-        reason = str(exc).split(";")[0]
+    def _fall_back(self, d: Decisions, name: str, exc: ExecutorUnavailable) -> None:
+        cal, reason = d.cal, str(exc).split(";")[0]
         with self._lock:
-            cal.drop(name, f"it failed here: {reason}")
-            cal.note(f"batch {cal.batches + 1}: {name} failed, so {cal.choice} runs instead")
+            d.drop(name, f"it failed here: {reason}")
+            cal.events.note(f"batch {cal.batches + 1}: {name} failed, so {cal.choice} runs instead")
             first = name not in self._warned
             self._warned.add(name)
         if first:

@@ -1,10 +1,19 @@
-"""The executor contract: ``run(job) -> Output`` and ``close()``.
+"""The executor contract: ``run(job) -> Output`` and ``close()``, and what ``auto`` asks.
 
 A :class:`Job` is one call of ``map_rows``: the row function, the rows, the
 output (given, or allocated by the executor from the first row's result), and
 a deadline. Every executor fills every row of ``job.output`` and returns it,
 or raises one of prep's errors; afterwards it is still usable (a pool that
 lost a worker rebuilds itself on the next call).
+
+``auto`` measures and starts executors through the rest of :class:`Executor`
+alone, never by their class: what starting one costs (:meth:`~Executor.start_cost`,
+:meth:`~Executor.warm_up`), what a batch costs it beyond its rows
+(:meth:`~Executor.dispatch_cost`), whether it can take a job here at all
+(:meth:`~Executor.unsuitable`), how one of its workers runs torch
+(:meth:`~Executor.as_worker`), making it ready for a function
+(:meth:`~Executor.prepare`), and its batched form, if it has one. Each has a
+default that fits an executor with nothing to start.
 """
 
 from __future__ import annotations
@@ -17,13 +26,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from .._output import Output
 from .._padding import allocate
 from .._policy import RAISE, Failures, Policy
 from .._rows import Rows
 from ..errors import BatchTimeout, ConfigError, RowError, SetupError, WorkerCrashed
+from ._daemons import on_intra_op_threads
+
+T = TypeVar("T")
 
 
 def available_cores() -> int:
@@ -272,6 +284,63 @@ class Executor(ABC):
     def close(self) -> None:  # noqa: B027 (executors without resources need not close)
         """Release threads and processes. It is safe to call this several times."""
 
+    # ------------------------------------------------------------ what auto asks of it
+
+    def start_cost(self) -> float | None:
+        """Seconds starting it would take now, as measured here: 0 when it is ready to
+        run (nothing to start), None while that is not known (see :meth:`warm_up`)."""
+        return 0.0
+
+    def warm_up(self) -> bool:
+        """Start in the background what makes :meth:`start_cost` known (prep's
+        forkserver, for processes); True if this call started it."""
+        return False
+
+    def warm_up_cost(self) -> float | None:
+        """Seconds of CPU :meth:`warm_up` was measured to take here (None: not yet)."""
+        return None
+
+    def start_failure(self) -> str | None:
+        """Why its workers could not start here, once that was tried and failed."""
+        return None
+
+    def dispatch_cost(self) -> float:
+        """Seconds a batch costs it beyond its rows, once started (auto asks only when
+        :meth:`start_cost` is 0: no executor is started just to be measured)."""
+        return 0.0
+
+    def unsuitable(self, job: Job, nbytes: int) -> str | None:
+        """Why it cannot run ``job`` here, whose rows and results weigh ``nbytes``;
+        None when it can."""
+        return None
+
+    def worker_threads(self) -> int | None:
+        """Intra-op threads torch runs on in each of its workers (None: the caller's)."""
+        return None
+
+    def as_worker(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run as one of its workers runs a row: in a thread of its own, torch
+        on :meth:`worker_threads` intra-op threads (torch's setting is per thread, so
+        the caller's stays as it is)."""
+        threads = self.worker_threads()
+        return fn() if threads is None else on_intra_op_threads(fn, threads)
+
+    def prepare(self, fn: Callable[..., Any], timeout: float | None = None) -> float:
+        """Make it ready to run ``fn`` (start its workers, have each load ``fn``); the
+        seconds that took. Raises :class:`~prep.errors.ExecutorUnavailable` (its
+        workers cannot start, or cannot load ``fn``) before any row has run."""
+        return 0.0
+
+    def batched(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
+        """The one call that makes every row at once (``per_row`` False), and its name
+        for messages."""
+        raise ConfigError(f"executor={self.name!r} runs the row function once a row")
+
+    def batched_twin(self, fn: Callable[..., Any]) -> Any:
+        """The batched twin it calls in place of ``fn`` (None: it calls ``fn``): the
+        twin's rows are checked against ``fn``'s, serial being the reference."""
+        return None
+
     def __enter__(self) -> Executor:
         return self
 
@@ -280,6 +349,15 @@ class Executor(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} workers={self.workers}>"
+
+
+def copy_rows(given: Output, staged: Output, start: int = 0) -> Output:
+    """Rows ``start:`` of ``staged`` copied into ``given`` (the ``out=`` a caller passed,
+    which an executor could not write in place); ``given``. A pinned staging buffer
+    is copied without blocking, as its CUDA copy follows."""
+    for dst, src in zip(given.buffers, staged.buffers):
+        dst[start:].copy_(src[start:], non_blocking=src.is_pinned())
+    return given
 
 
 def first_error(errors: list[BaseException]) -> BaseException:

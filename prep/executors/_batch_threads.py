@@ -21,7 +21,7 @@ from .._policy import Policy
 from .._rows import Rows
 from ._base import Job, threads_per_worker
 from ._batches import Ticket
-from .threads import _own_intra_op_threads
+from ._daemons import DaemonThreads, own_intra_op_threads
 
 __all__ = ["ThreadBatches"]
 
@@ -37,7 +37,7 @@ class _Thread(threading.Thread):
         self.current: Ticket | None = None
 
     def run(self) -> None:
-        _own_intra_op_threads(self.intra)
+        own_intra_op_threads(self.intra)
         while not self.retired and (ticket := self.tasks.get()) is not None:
             if not ticket.cancelled:
                 self.current = ticket
@@ -59,16 +59,13 @@ def _build(ticket: Ticket) -> None:
     ticket.resolve((job.output, dict(job.failures.errors)))
 
 
-class ThreadBatches:
+class ThreadBatches(DaemonThreads[Ticket]):
     """Threads that each build whole batches, taken from one queue in order."""
 
     name = "threads"
 
     def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self._tasks: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()
-        self._threads: list[_Thread] = []
-        self._lock = threading.Lock()
+        super().__init__(workers)
         self._made = 0
 
     def _ensure_started(self) -> None:
@@ -124,14 +121,6 @@ class ThreadBatches:
             )
         )
         self._ensure_started()
-
-    def close(self) -> None:
-        with self._lock:
-            threads, self._threads = self._threads, []
-        for _ in threads:
-            self._tasks.put(None)
-        for t in threads:
-            t.join(timeout=5)
 
     def __repr__(self) -> str:
         return f"<ThreadBatches workers={self.workers}>"

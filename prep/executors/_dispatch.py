@@ -22,15 +22,14 @@ from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Job, first_error, iter_chunks
 from ._handles import Worker
+from ._isolation import Isolation
 from ._transport import check_shm
 
 
 class Dispatch:
     """``replace(worker)`` starts a worker in a dead one's place (its slot in
     ``workers``), the function loaded: under ``on_error='fill'``/``'skip'`` a worker
-    that dies does not fail the batch. Its rows run again one at a time on fresh
-    workers; a row that kills its worker alone is a failed row, and the rest of the
-    batch completes."""
+    that dies does not fail the batch (:mod:`._isolation`)."""
 
     def __init__(
         self, workers: list[Worker], job: Job, replace: Callable[[Worker], Worker] | None = None
@@ -39,7 +38,7 @@ class Dispatch:
         self.job = job
         self.replace = replace
         self.pending: deque[tuple[int, int]] = deque()
-        self.alone: set[tuple[int, int]] = set()  # single rows re-run after a crash
+        self.isolation = Isolation(job)
         # rows that may differ in size or fail on their own come back as chunks, each
         # in shared memory of its worker's (the parent merges them); others are
         # written in place, into the one output every worker maps
@@ -156,14 +155,9 @@ class Dispatch:
         held, how, pid = w.held, w.how_it_died(), w.proc.pid
         fresh = self.replace(w)
         self._send_batch(fresh)
-        if held is None:
-            return
-        if held in self.alone:  # it died on this row alone: the row is the culprit
-            self.job.killed(held[0], f"worker pid {pid}", how)
-            return
-        singles = [(i, i + 1) for i in range(*held)]
-        self.alone.update(singles)
-        self.pending.extendleft(reversed(singles))
+        if held is not None:  # its rows next, each alone
+            again = self.isolation.lost(held, f"worker pid {pid}", how)
+            self.pending.extendleft(reversed(again))
 
     def _crashed(self, w: Worker) -> NoReturn:
         how = w.how_it_died()

@@ -225,6 +225,22 @@ def _fail_all(job: Job, rows: Iterable[int], problem: str) -> None:
             job.fail(i, err)
 
 
+def probe_row(fn: Any, rows: Rows, i: int) -> tuple[Any, ...]:
+    """Row ``i`` alone, sent back whole (``("probe", i, result)``): its result fixes the
+    output's shape; or its error."""
+    try:
+        result = rows.call(fn, i)
+    except SetupError as exc:  # not the row's fault: raised as it is in the parent
+        return _error(i, exc, "bad-result")
+    except Exception as exc:
+        return _error(i, exc)
+    try:
+        flatten(result, what=f"the row function, on row {i},")
+        return ("probe", i, detached(result))
+    except Exception as exc:  # not a tensor, or a structure of them
+        return _error(i, exc, "bad-result")
+
+
 def main(conn: Connection, main_pid: int, threads: int) -> None:
     """Serve batches until the parent says ``close`` or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -266,19 +282,8 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
         reply: tuple[Any, ...]
         if tag == "chunk":
             reply = run_chunk(fn, rows, start, stop, policy=probe, shared=True)
-        elif probe:  # one row, sent back whole: its result fixes the output's shape
-            try:
-                result = rows.call(fn, start)
-            except SetupError as exc:
-                reply = _error(start, exc, "bad-result")
-            except Exception as exc:
-                reply = _error(start, exc)
-            else:
-                try:
-                    flatten(result, what=f"the row function, on row {start},")
-                    reply = ("probe", start, detached(result))
-                except Exception as exc:
-                    reply = _error(start, exc, "bad-result")
+        elif probe:
+            reply = probe_row(fn, rows, start)
         else:
             assert out is not None, "the parent sends the output before any range"
             reply = write_rows(fn, rows, out, start, stop)

@@ -27,6 +27,7 @@ from .._policy import ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
+from ._isolation import Isolation
 
 
 class JoblibExecutor(Executor):
@@ -58,11 +59,18 @@ class JoblibExecutor(Executor):
         return job.output
 
     def _run_all(self, job: Job, chunks: list[tuple[int, int]]) -> list[BaseException]:
-        """The chunks' rows written (a worker's death isolated under fill/skip); the
-        errors to raise."""
+        """The chunks' rows written (a worker's death isolated under fill/skip, see
+        :mod:`._isolation`: loky cannot say which task's worker died, so each range in
+        flight counts as held by it); the errors to raise."""
+        isolation = Isolation(job)
         errors, lost = self._run_chunks(job, chunks)
-        if lost:
-            errors += self._isolate(job, lost)
+        while lost:
+            again = [one for held in lost for one in isolation.lost(held, "a loky worker")]
+            lost = []
+            for single in again:  # one at a time: a death then names its row
+                row_errors, died = self._run_chunks(job, [single])
+                errors += row_errors
+                lost += died
         return errors
 
     def _run_chunks(
@@ -99,19 +107,6 @@ class JoblibExecutor(Executor):
                 "its workers were terminated; new ones start on the next call"
             ) from exc
         return errors, []
-
-    def _isolate(self, job: Job, lost: list[tuple[int, int]]) -> list[BaseException]:
-        """After a worker died under fill/skip: each row that was in flight, alone and
-        one at a time (loky cannot say which task's worker died); a row that kills
-        its worker again is a failed row."""
-        errors: list[BaseException] = []
-        for a, b in lost:
-            for i in range(a, b):
-                row_errors, died = self._run_chunks(job, [(i, i + 1)])
-                errors += row_errors
-                if died:
-                    job.killed(i, "a loky worker")
-        return errors
 
     def _started(self, job: Job) -> Any:
         """The pool, its workers up. The timeout is for the rows, not for starting the

@@ -40,13 +40,14 @@ from .._output import Output
 from .._rows import TensorRows
 from ..errors import (
     BatchTimeout,
+    ConfigError,
     FunctionLoadError,
     StackError,
     WorkerCrashed,
 )
 from . import _spawn, _worker
 from ._arena import Arena
-from ._base import Executor, Job, threads_per_worker
+from ._base import Executor, Job, copy_rows, threads_per_worker
 from ._dispatch import Dispatch
 from ._handles import LOAD_TIMEOUT, Worker, load_everywhere
 from ._transport import check_shm, pickle_fn, shm_fits, shm_free
@@ -55,6 +56,31 @@ __all__ = ["LOAD_TIMEOUT", "ProcessExecutor", "pickle_fn", "shm_fits", "shm_free
 
 #: (function, layout) pairs whose output shape a pool remembers
 SHAPES = 16
+
+
+class Shapes:
+    """The output shape of each (function, row layout) a pool ran last: a batch's
+    output is allocated before any row runs, sparing the round trip that runs row 0
+    alone to learn it."""
+
+    def __init__(self) -> None:
+        self._last: dict[Any, Output] = {}  # key -> a 0-row output shaped like its last
+
+    def guess(self, job: Job, key: Any) -> bool:
+        """Allocate ``job``'s output as last batch's of ``key`` was; False if none is known."""
+        like = self._last.get(key)
+        if like is None:
+            return False
+        row_bytes = sum(math.prod(b.shape[1:]) * b.element_size()
+                        for b in like.buffers)  # fmt: skip
+        check_shm(len(job.rows) * row_bytes, "the output")
+        job.output = like.like(len(job.rows), shared=True)
+        return True
+
+    def keep(self, key: Any, out: Output) -> None:
+        self._last[key] = out.like(0)
+        while len(self._last) > SHAPES:
+            del self._last[next(iter(self._last))]
 
 
 class ProcessExecutor(Executor):
@@ -67,8 +93,7 @@ class ProcessExecutor(Executor):
         self._arena = Arena()
         self._lock = threading.Lock()  # one batch at a time: the pipes carry one conversation
         self._dispatch: float | None = None
-        # (function, row layout) -> a 0-row output shaped like its last batch's
-        self._shapes: dict[Any, Output] = {}
+        self._shapes = Shapes()
 
     # -------------------------------------------------------------- lifecycle
 
@@ -98,7 +123,33 @@ class ProcessExecutor(Executor):
             return None
         return costs.worker * self.workers
 
-    def load(self, fn: Any, timeout: float | None = None) -> float:
+    def warm_up(self) -> bool:
+        return _spawn.warm_up()
+
+    def warm_up_cost(self) -> float | None:
+        return _spawn.start_costs().server
+
+    def start_failure(self) -> str | None:
+        return _spawn.start_costs().failed
+
+    def unsuitable(self, job: Job, nbytes: int) -> str | None:
+        if job.rows.device.type != "cpu":
+            return "the batch is on a GPU"
+        try:
+            pickle_fn(job.fn)
+        except ConfigError:
+            return "the function cannot be pickled"
+        if not shm_fits(nbytes):
+            return (
+                f"the batch and its result need {nbytes / 2**20:.0f} MB of shared memory, "
+                f"/dev/shm has {(shm_free() or 0) / 2**20:.0f} MB free"
+            )
+        return None
+
+    def worker_threads(self) -> int | None:
+        return threads_per_worker(self.workers)
+
+    def prepare(self, fn: Any, timeout: float | None = None) -> float:
         """Start the workers if needed and have every one load ``fn``; the seconds that
         took. Raises :class:`~prep.errors.FunctionLoadError` if a worker cannot load
         it, :class:`~prep.errors.ExecutorUnavailable` if the workers cannot start."""
@@ -173,18 +224,6 @@ class ProcessExecutor(Executor):
 
     # -------------------------------------------------------------- one batch
 
-    def _guess(self, job: Job, key: Any) -> bool:
-        """Allocate the output as last batch's of this function and layout was, sparing
-        the round trip that runs row 0 alone to learn its shape; False if none is known."""
-        like = self._shapes.get(key)
-        if like is None:
-            return False
-        row_bytes = sum(math.prod(b.shape[1:]) * b.element_size()
-                        for b in like.buffers)  # fmt: skip
-        check_shm(len(job.rows) * row_bytes, "the output")
-        job.output = like.like(len(job.rows), shared=True)
-        return True
-
     def run(self, job: Job) -> Output | None:
         with self._lock:
             return self._run(job)
@@ -206,7 +245,7 @@ class ProcessExecutor(Executor):
             check_shm(given.nbytes, "the output")
             job.output = given.like(shared=True)  # staging; copied into out= at the end
         shape_key = (blob, job.rows.layout())
-        guessed = in_place and given is None and self._guess(job, shape_key)
+        guessed = in_place and given is None and self._shapes.guess(job, shape_key)
         try:
             replace = lambda dead: self._replace(dead, job.fn)  # noqa: E731
             try:
@@ -232,11 +271,7 @@ class ProcessExecutor(Executor):
         if out is None:
             return None  # every row failed (on_error='fill'/'skip'): none gave a shape
         if in_place and given is None:
-            self._shapes[shape_key] = out.like(0)  # the next batch's output, without a probe
-            while len(self._shapes) > SHAPES:
-                del self._shapes[next(iter(self._shapes))]
-        if given is not None and out is not given:
-            for dst, src in zip(given.buffers, out.buffers):
-                dst[job.start :].copy_(src[job.start :])  # rows before were written in place
-            job.output = given
+            self._shapes.keep(shape_key, out)
+        if given is not None and out is not given:  # rows before start were written in place
+            job.output = copy_rows(given, out, job.start)
         return job.output

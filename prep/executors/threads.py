@@ -20,28 +20,26 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import TypeVar
-
-import torch
 
 from .._output import Output
 from ._base import Executor, Job, iter_chunks, threads_per_worker
+from ._daemons import DaemonThreads, own_intra_op_threads
 
 Task = Callable[[], None]
 #: rows run one at a time, at most, while failing rows leave the output unshaped
 LONE_ROWS = 8
-T = TypeVar("T")
 
 
-class ThreadExecutor(Executor):
+class ThreadExecutor(DaemonThreads[Task], Executor):
     name = "threads"
 
     def __init__(self, workers: int | None = None) -> None:
-        super().__init__(workers)
-        self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
+        Executor.__init__(self, workers)
+        DaemonThreads.__init__(self, self.workers)
         self._run_lock = threading.Lock()
+
+    def worker_threads(self) -> int | None:
+        return threads_per_worker(self.workers)
 
     def _ensure_started(self) -> None:
         with self._lock:
@@ -131,64 +129,12 @@ class ThreadExecutor(Executor):
         for _ in range(self.workers):
             old.put(None)  # idle old threads exit at once, busy ones after their row
 
-    def close(self) -> None:
-        with self._lock:
-            threads, self._threads = self._threads, []
-            for _ in threads:
-                self._tasks.put(None)
-        for t in threads:
-            t.join(timeout=5)
-
 
 def _serve(tasks: queue.SimpleQueue[Task | None], intra: int, ready: threading.Event) -> None:
     try:
-        _own_intra_op_threads(intra)
+        own_intra_op_threads(intra)
     finally:
         ready.set()
     while (task := tasks.get()) is not None:
         task()
         del task  # the task holds its batch's output: keep nothing alive between batches
-
-
-_DEFAULT_LOCK = threading.Lock()
-
-
-def _own_intra_op_threads(intra: int) -> None:
-    """Give this thread ``intra`` intra-op threads without changing anyone else's.
-
-    ``torch.set_num_threads`` sets the calling thread's OpenMP threads (per thread)
-    and also a process-wide default that threads which have not run a parallel op
-    yet pick up on their first. So the default is put back from a short-lived
-    thread, whose own setting dies with it."""
-    # one thread at a time: a pool's threads start together, and one that read the
-    # default while another had lowered it would restore the lowered value for good
-    with _DEFAULT_LOCK:
-        default = torch.get_num_threads()  # this new thread's: the process-wide default
-        if intra >= default:
-            return
-        torch.set_num_threads(intra)
-        restore = threading.Thread(target=torch.set_num_threads, args=(default,), daemon=True)
-        restore.start()
-        restore.join()
-
-
-def on_intra_op_threads(fn: Callable[[], T], intra: int) -> T:
-    """``fn()`` run in a short-lived thread of its own with torch on ``intra``
-    intra-op threads; its result, or its exception raised here. The caller's
-    setting and torch's default for new threads are left as they were."""
-    box: list[T] = []
-    failed: list[BaseException] = []
-
-    def target() -> None:
-        _own_intra_op_threads(intra)
-        try:
-            box.append(fn())
-        except BaseException as exc:  # re-raised in the caller's thread
-            failed.append(exc)
-
-    t = threading.Thread(target=target, daemon=True, name="prep-intra-op")
-    t.start()
-    t.join()
-    if failed:
-        raise failed[0]
-    return box[0]

@@ -36,6 +36,9 @@ class VectorizedExecutor(Executor):
             )
         return twin, f"the batched twin {_name(twin.twin.batched)}"
 
+    def batched_twin(self, fn: Callable[..., Any]) -> Any:
+        return twin_of(fn)
+
     def run(self, job: Job) -> Output | None:
         if not isinstance(job.rows, TensorRows):
             raise ConfigError(
@@ -128,6 +131,9 @@ class VmapExecutor(VectorizedExecutor):
             return torch.func.vmap(row)(*columns, *named.values())
 
         return call, f"torch.func.vmap({_name(fn)})"
+
+    def batched_twin(self, fn: Callable[..., Any]) -> Any:
+        return None  # vmap of the row function itself (auto checks it before it picks it)
 
     def run(self, job: Job) -> Output | None:
         try:

@@ -1,0 +1,199 @@
+"""Every decision ``auto`` takes for one signature, from its figures alone.
+
+:class:`Decisions` reads and moves a :class:`~prep.auto.Calibration` (the report
+a user reads: the figures, the choice, the events), and keeps to itself what only
+deciding needs (trial counts, pools warming up, the probe of a pool's first rows,
+the last wisdom write). It decides from numbers alone, so the tests feed it
+numbers a test chooses:
+
+* :meth:`Decisions.best`: the lowest figure (observed if there is one, else
+  predicted); an unobserved pool must be predicted ``POOL_MARGIN`` faster;
+* :meth:`Decisions.next_trial`: an executor predicted within ``TRIAL`` of the
+  choice and never run is run once, on a whole batch, and judged by its time
+  (the calibration's short slices can be wrong, a batch is not);
+* :meth:`Decisions.plan_start`: rent or buy a process pool, with its start-up
+  measured on this machine: start it once the batches so far would have saved
+  what starting it costs (never more than about twice the best in hindsight);
+* :meth:`Decisions.drop`: an executor that cannot run here is taken out, with
+  the reason (``explain`` prints it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ._figures import KEEP
+from .calibration import Calibration
+
+#: an executor never run whose prediction is within this factor of the choice's figure
+#: is tried on one whole batch
+TRIAL = 1.5
+#: a measured alternative must beat the current choice by this much to replace it
+HYSTERESIS = 1.05
+
+
+class Decisions:
+    """Chooses for one signature, writing each choice and event into ``cal``."""
+
+    def __init__(self, cal: Calibration) -> None:
+        self.cal = cal
+        #: trial batches run per executor (the first warms it up, the second is timed)
+        self.trials: dict[str, int] = {}
+        #: pools just started, whose next batch is not counted (their workers warm up)
+        self.warming: set[str] = set()
+        #: the workers' rows have been compared with serial's (or could not be)
+        self.processes_checked = False
+        #: (job, probe): copies of the rows a process pool started for, and serial's results
+        self.probe: Any = None
+        #: the key of this signature in the wisdom file (None: not remembered)
+        self.wisdom_key: str | None = None
+        #: what backed the choice at the last wisdom write, so that a write happens on a change
+        self.written: Any = None
+        #: explain already says that the figures were not remembered (a busy machine)
+        self.busy_noted = False
+
+    @classmethod
+    def from_wisdom(cls, entry: dict[str, Any], workers: int, options: str) -> Decisions:
+        """A settled calibration from a remembered entry (see :mod:`.wisdom`)."""
+        saved = entry.get("saved")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved)) if saved else "?"
+        cal = Calibration(
+            rows=entry["rows"],
+            workers=workers,
+            options=options,
+            predicted={k: float(v) for k, v in entry["figures"].items()},
+            remembered=when,
+        )
+        for name in ("serial_row", "process_start", "thread_speedup"):
+            if isinstance(entry.get(name), (int, float)):
+                setattr(cal, name, float(entry[name]))
+        decisions = cls(cal)
+        cal.choice = entry["choice"] if entry["choice"] in cal.candidates() else decisions.best()
+        # each figure was a whole batch's in the run that wrote it: none is tried again
+        # (two batches each would cost a short program more than calibrating); the
+        # choice's own batches are timed, and it moves when they run off
+        decisions.trials = dict.fromkeys(cal.predicted, 2)
+        return decisions
+
+    def best(self) -> str:
+        """The candidate with the lowest figure; the current choice stays unless another
+        is clearly better (so noise does not make it flap)."""
+        cal = self.cal
+        names = cal.candidates()
+        if not names:
+            return "serial"
+        best = min(names, key=cal.cost)
+        if cal.choice in names and cal.cost(cal.choice) <= cal.cost(best) * HYSTERESIS:
+            return cal.choice
+        return best
+
+    def observe(self, name: str, seconds: float, rows: int) -> None:
+        """A batch of ``rows`` rows took ``seconds`` with ``name``; choose again. The first
+        batch of a pool just started is not counted: its workers were still importing
+        and building what the function caches (a tokenizer, a model)."""
+        cal = self.cal
+        if name in self.warming:
+            self.warming.discard(name)
+            return
+        seen = cal.observed.setdefault(name, [])
+        seen.append(seconds * cal.rows / max(1, rows))
+        del seen[:-KEEP]
+        before = cal.choice
+        cal.choice = self.best()
+        if cal.choice != before:
+            cal.events.note(
+                f"batch {cal.batches}: {before} -> {cal.choice} (measured "
+                f"{cal.figure(cal.choice) * 1e3:,.1f} ms a batch against "
+                f"{cal.figure(before) * 1e3:,.1f} ms)"
+            )
+
+    def next_trial(self) -> str | None:
+        """An executor to run the next two batches with, to measure it: never run yet,
+        and predicted within ``TRIAL`` of the choice's figure. Its first batch is not
+        counted: a cold pool's first batch took twice its warm time (torch.stft on
+        a fresh thread pool), and such a figure would rule it out for good."""
+        cal = self.cal
+        if cal.choice not in cal.predicted or not cal.observed.get(cal.choice):
+            return None  # the choice runs a whole batch first: trials are judged against it
+        limit = TRIAL * cal.figure(cal.choice)
+        for name in sorted(cal.candidates(), key=cal.figure):
+            runs = self.trials.get(name, 0)
+            if name == cal.choice or runs >= 2 or cal.observed.get(name):
+                continue
+            if cal.figure(name) <= limit:
+                self.trials[name] = runs + 1
+                if runs == 0:
+                    # its first whole batch warms it up (a pool's threads, FFT plans,
+                    # a first vmap call) and is not its figure: the second one is
+                    self.warming.add(name)
+                return name
+        return None
+
+    def plan_server(self, cost: float, rows: int) -> bool:
+        """Whether to start prep's forkserver (in the background) before this batch.
+
+        It runs in a process of its own. While the best executor is serial on one
+        core, the other cores are idle and it costs nothing: it starts at once. While
+        another executor keeps every core busy, it takes about ``cost`` seconds of
+        their time, so it starts by the rent-or-buy rule of :meth:`plan_start`."""
+        cal = self.cal
+        saving = cal.processes_would_save(rows)
+        if saving <= 0:
+            return False
+        others = [n for n in cal.candidates() if n != "processes"]
+        # free while serial runs on one core and nothing else would use more: threads
+        # that beat serial (they release the GIL: torch.stft, PIL) would want every core
+        one_core = cal.serial_cores < 1.5 and (cal.thread_speedup or 1.0) < 1.2
+        if min(others, key=cal.cost) == "serial" and one_core:
+            return True
+        cal.saved_by_processes += saving
+        return cal.saved_by_processes >= cost
+
+    def plan_start(self, start: float, rows: int) -> bool:
+        """Rent or buy: whether to start the process pool before this batch of ``rows``.
+
+        Each batch run without it adds what it would have saved; the pool starts
+        once that sum reaches what starting it costs (``start``, measured here). A
+        program that stops then has paid at most twice the best in hindsight; one
+        that goes on pays nothing more."""
+        cal = self.cal
+        saving = cal.processes_would_save(rows)
+        if saving <= 0:
+            return False
+        cal.saved_by_processes += saving
+        return cal.saved_by_processes >= start
+
+    def started_processes(self, seconds: float) -> None:
+        """The pool started (and loaded the function) in ``seconds``; it may be chosen."""
+        cal = self.cal
+        cal.processes_ready = True
+        self.warming.add("processes")
+        before = cal.choice
+        cal.choice = self.best()
+        cal.events.note(
+            f"batch {cal.batches + 1}: processes started in {seconds * 1e3:,.0f} ms "
+            f"(measured), as the {cal.saved_by_processes * 1e3:,.0f} ms they would have "
+            f"saved paid for it" + (f"; {before} -> {cal.choice}" if cal.choice != before else "")
+        )
+
+    def drop(self, name: str, reason: str) -> None:
+        """``name`` cannot run here: take it out of the candidates, saying why."""
+        cal = self.cal
+        cal.predicted.pop(name, None)
+        cal.dropped[name] = reason
+        if name == "processes":
+            cal.processes_ready = False
+        if cal.choice == name:
+            cal.choice = self.best()
+
+    def wisdom_changed(self) -> bool:
+        """Whether the choice or what backs it moved since the last write to wisdom."""
+        now = self.cal.backing()
+        if now == self.written or not self.cal.settled:
+            return False
+        self.written = now
+        return True
+
+
+__all__ = ["HYSTERESIS", "TRIAL", "Decisions"]
