@@ -8,7 +8,8 @@ torch.Size([4, 3])
 
 from __future__ import annotations
 
-from . import ops
+from . import executors, ops
+from ._explanation import Explanation
 from ._rowwise import rowwise
 from ._system import info
 from ._version import __version__
@@ -26,12 +27,14 @@ from .errors import (
     WorkerCrashed,
 )
 from .pool import Pool
-from .registry import EXECUTORS as executors
+from .registry import EXECUTORS
 
 __all__ = [
+    "EXECUTORS",
     "BatchTimeout",
     "Collate",
     "ConfigError",
+    "Explanation",
     "Pool",
     "PrepError",
     "RowError",

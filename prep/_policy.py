@@ -5,7 +5,6 @@ that failed under ``on_error='fill'`` or ``'skip'``."""
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ import torch
 
 from ._output import Output, detached, flatten
 from ._padding import Number, Padding
+from ._warn import warn
 from .errors import StackError
 
 ON_ERROR = ("raise", "fill", "skip")
@@ -99,15 +99,15 @@ class Failures:
         with self._lock:
             return sorted(self.errors)
 
-    def warn(self, rows: int, policy: Policy, stacklevel: int) -> None:
-        """One warning a call: how many rows, the first failing row and its error."""
+    def warn(self, rows: int, policy: Policy, stacklevel: int | None = None) -> None:
+        """One warning a call: how many rows, the first failing row and its error. It
+        points at the user's line (:func:`prep._warn.warn`), whatever ``stacklevel``
+        a caller still passes: a count of prep's frames is right on one path only."""
         first = min(self.errors)
         what = "filled" if policy.on_error == "fill" else "left out"
-        warnings.warn(
+        warn(
             f"{len(self.errors)} of {rows} rows failed and were {what} "
-            f"(on_error={policy.on_error!r}); the first: {self.errors[first]}",
-            RuntimeWarning,
-            stacklevel=stacklevel,
+            f"(on_error={policy.on_error!r}); the first: {self.errors[first]}"
         )
 
 

@@ -22,21 +22,20 @@ Where it runs decides what it may do:
 from __future__ import annotations
 
 import os
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ._batch import Returns
-from ._checks import call_problem, check_device, describe_callable
+from ._checks import call_problem, describe_callable
+from ._options import Options
 from ._output import Result, flatten
-from ._policy import Policy
-from .api import AUTO
+from ._rows import Rows, rows_of, samples_of
+from ._warn import warn
 from .executors import available_cores, in_worker_process, resolve_workers
 from .pool import Pool
-from .registry import executor_class
+from .registry import AUTO, executor_class
 
 __all__ = ["Collate"]
 
@@ -81,17 +80,15 @@ class Collate:
         executor_class(executor)  # a ConfigError naming the choices
         self.executor = executor
         self.workers = None if workers is None else resolve_workers(workers)
-        self.device = check_device(device)
         self.pin_memory = pin_memory
         self.collate = collate
-        self.options = {
-            "pad": pad, "pad_to": pad_to, "return_lengths": return_lengths,
-            "on_error": on_error, "fill": fill, "return_valid": return_valid,
-            "return_errors": return_errors,
-        }  # fmt: skip
-        Policy.of(pad, pad_to, on_error, fill)  # checked here, not at the first batch
-        Returns(return_lengths, return_valid, return_errors)
+        self.options = Options(  # checked here, not at the first batch
+            device=device, pad=pad, pad_to=pad_to, return_lengths=return_lengths,
+            on_error=on_error, fill=fill, return_valid=return_valid,
+            return_errors=return_errors,
+        )  # fmt: skip
         self.setup = setup
+        self._here = self.options  # as this process runs them (no device in a worker)
         self._pool: Pool | None = None
         self._pid: int | None = None
         self._warned_device = False
@@ -107,12 +104,8 @@ class Collate:
                 info = torch.utils.data.get_worker_info()
                 loaders = info.num_workers if info is not None else 1
                 workers = max(1, available_cores() // loaders)
-            self._pool = Pool(
-                self.executor,
-                workers=workers,
-                device=None if in_worker else self.device,
-                setup=self.setup,
-            )
+            self._pool = Pool(self.executor, workers=workers, setup=self.setup)
+            self._here = self.options.with_(device=None) if in_worker else self.options
             self._pid = os.getpid()
             weakref.finalize(self, self._pool.close)
         return self._pool
@@ -122,9 +115,10 @@ class Collate:
         if self.collate is not None:
             batch = self.collate(list(samples))
             self._check_rows_of(batch)
-            result = pool.map_rows(self.fn, batch, **self.options)
+            rows: Rows = rows_of(batch)
         else:
-            result = pool.map_samples(self.fn, samples, **self.options)
+            rows = samples_of(samples)
+        result = pool.run(self.fn, rows, self._here)
         in_worker = in_worker_process()
         if (
             in_worker
@@ -132,18 +126,21 @@ class Collate:
             and (self.pin_memory or (self.device is not None and self.device.type != "cpu"))
         ):
             self._warned_device = True
-            warnings.warn(
+            warn(
                 "prep.Collate returns plain CPU tensors inside DataLoader workers: a batch "
                 "reaches the main process through shared memory, which keeps neither pinning "
                 "nor a device. Use DataLoader(pin_memory=True) and move the batch to the "
-                "device in the training loop",
-                RuntimeWarning,
-                stacklevel=2,
+                "device in the training loop"
             )
         if self.pin_memory and not in_worker and self.device is None and torch.cuda.is_available():
-            extras = ("return_lengths", "return_valid", "return_errors")
-            result = _pinned(result, extras=any(self.options[k] for k in extras))
+            returns = self.options.returns
+            result = _pinned(result, extras=returns.lengths or returns.valid or returns.errors)
         return result
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where each batch lands, in the main process (checked)."""
+        return self.options.device
 
     @property
     def _state(self) -> dict[str, Any]:
@@ -184,12 +181,11 @@ class Collate:
 
     def __getstate__(self) -> dict[str, Any]:
         # pools do not travel: each process makes its own on first use
-        return {**self.__dict__, "_pool": None, "_pid": None}
+        return {**self.__dict__, "_pool": None, "_pid": None, "_here": self.options}
 
     def __repr__(self) -> str:
         name = getattr(self.fn, "__qualname__", repr(self.fn))
-        policy = Policy.of(*(self.options[k] for k in ("pad", "pad_to", "on_error", "fill")))
-        extra = "".join(f", {part}" for part in [policy.describe()] if part)
+        extra = "".join(f", {part}" for part in [self.options.policy.describe()] if part)
         return (
             f"prep.Collate({name}, executor={self.executor!r}, workers={self.workers}, "
             f"device={str(self.device) if self.device else None!r}, "

@@ -1,28 +1,64 @@
-"""``prep.Pool``: a warm executor of one kind, reused across batches and streams."""
+"""``prep.Pool``: warm executors reused across batches and streams; and the default
+pools behind ``prep.map_rows``, which hold the only warm executors prep keeps
+without a Pool of yours.
+
+    prep.map_rows ──▶ SHARED.pool(executor, workers, setup) ──▶ Pool.run ──▶ run_batch
+    Pool.map_rows ──────────────────────────────────────────────▶ Pool.run ──▶ run_batch
+    Collate       ──▶ its own Pool ─────────────────────────────▶ Pool.run ──▶ run_batch
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._checks import check_device, check_timeout
+from ._explanation import Explanation
+from ._options import DEFAULT, CallOptions, Options
 from ._rows import Rows, rows_of, samples_of
 from ._state import Binder
 from ._stream import Stream
 from ._streams import Streams
-from .api import AUTO, _call, _check_name, _choose
+from ._warm import Warm, run_batch
+from ._warn import Site, pointing_at, warn
 from .auto import AutoExecutor, Calibration
 from .errors import ConfigError
-from .executors import Executor, resolve_workers
-from .registry import EXECUTORS as REGISTRY
+from .executors import Executor, in_worker_process, resolve_workers
+from .registry import AUTO, executor_class
 
-__all__ = ["Pool"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["SHARED", "Pool", "Shared"]
+
+#: what runs instead, inside a DataLoader worker, of an executor that needs processes
+IN_WORKERS = "threads"
+_warned_fallback = False
+
+
+def runnable_here(executor: str) -> str:
+    """The executor to run here: one that starts processes cannot inside a DataLoader
+    worker (daemonic processes may not have children), so threads run instead."""
+    global _warned_fallback
+    if not executor_class(executor).needs_processes or not in_worker_process():
+        return executor
+    if not _warned_fallback:
+        _warned_fallback = True
+        warn(
+            f"executor={executor!r} cannot start a process pool inside a DataLoader "
+            f"worker (daemonic processes may not have children); using "
+            f"{IN_WORKERS!r} in this worker instead"
+        )
+    return IN_WORKERS
 
 
 class Pool:
-    """A warm executor of one kind, reused across batches; close it when done.
+    """Warm executors of one kind, reused across batches; close it when done.
+
+    ``device``, ``timeout`` and ``progress`` are each call's defaults; a call's
+    own options (``map_rows``'s keywords) go beside them.
 
     >>> import torch, prep
     >>> with prep.Pool("threads", workers=2) as pool:
@@ -39,43 +75,70 @@ class Pool:
         setup: Callable[[], Any] | None = None,
         progress: bool = False,
     ) -> None:
-        self.executor = _check_name(executor)
-        self.progress = progress  # each call's default
-        self._binder = Binder(setup) if setup is not None else None
-        self.workers = resolve_workers(workers)
-        self.device = check_device(device)
-        self.timeout = check_timeout(timeout)
-        self._executors: dict[str, Executor] = {}
+        executor_class(executor)  # a ConfigError naming the choices
+        binder = Binder(setup) if setup is not None else None
+        warm = Warm(resolve_workers(workers))
+        defaults = Options(device=device, timeout=timeout, progress=progress)
+        self._init(executor, warm, binder, defaults, True)
+
+    @classmethod
+    def _sharing(cls, executor: str, warm: Warm, binder: Binder | None) -> Pool:
+        """A pool of ``warm``'s executors and ``binder``'s states, which :class:`Shared`
+        owns and closes: closing this pool leaves them alone."""
+        pool = cls.__new__(cls)
+        pool._init(executor, warm, binder, DEFAULT, False)
+        return pool
+
+    def _init(
+        self, executor: str, warm: Warm, binder: Binder | None, defaults: Options, owns: bool
+    ) -> None:
+        self.executor = executor
+        self.workers = warm.workers
+        self._warm, self._binder, self._owns = warm, binder, owns
+        self._defaults = defaults
         self._streams = Streams(self.workers)  # whole-batch workers, auto's stream plans
         self._closed = False
-        self._lock = threading.Lock()  # two threads' first calls build one executor
         self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
 
+    @property
+    def device(self) -> Any:
+        return self._defaults.device
+
+    @property
+    def timeout(self) -> float | None:
+        return self._defaults.timeout
+
+    @property
+    def progress(self) -> bool:
+        return self._defaults.progress
+
     def _get(self, name: str) -> Executor:
-        with self._lock:
-            if self._closed:
-                raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
-            ex = self._executors.get(name)
-            if ex is None:
-                ex = self._executors[name] = REGISTRY[name](self.workers)
-            return ex
+        if self._closed:
+            raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
+        return self._warm.get(name)
 
-    def map_rows(self, fn: Callable[..., Any], batch: Any, **options: Any) -> Any:
-        """:func:`map_rows` with this pool's executor, workers, device and timeout; the
-        same keywords (``out``, ``pad``, ``pad_to``, ``return_lengths``, ``on_error``,
-        ``fill``, ``return_valid``)."""
-        return self._call(fn, rows_of(batch), options)
+    def map_rows(self, fn: Callable[..., Any], batch: Any, **options: Unpack[CallOptions]) -> Any:
+        """:func:`prep.map_rows` with this pool's executor, workers and states; the same
+        options (``out``, ``pad``, ``on_error``, ...), ``device``, ``timeout`` and
+        ``progress`` defaulting to the pool's."""
+        return self.run(fn, rows_of(batch), Options.of("Pool.map_rows", options, self._defaults))
 
-    def map_samples(self, fn: Callable[[Any], Any], samples: Sequence[Any], **options: Any) -> Any:
-        """:func:`map_samples` with this pool's executor, workers, device and timeout."""
-        return self._call(fn, samples_of(samples), options)
+    def map_samples(
+        self, fn: Callable[[Any], Any], samples: Sequence[Any], **options: Unpack[CallOptions]
+    ) -> Any:
+        """:func:`prep.map_samples` with this pool's executor, workers and states."""
+        return self.run(
+            fn, samples_of(samples), Options.of("Pool.map_samples", options, self._defaults)
+        )
 
-    def _call(self, fn: Callable[..., Any], rows: Rows, options: dict[str, Any]) -> Any:
-        ex = self._get(_choose(self.executor))
+    def run(self, fn: Callable[..., Any], rows: Rows, options: Options = DEFAULT) -> Any:
+        """The typed form of :meth:`map_rows`: ``rows`` already split
+        (``prep._rows.rows_of``/``samples_of``), ``options`` already checked
+        (``prep._options.Options``, used as given: the pool's defaults are not applied)."""
+        ex = self._get(runnable_here(self.executor))
         if self._binder is not None:
             fn = self._binder.bind(fn)
-        options.setdefault("progress", self.progress)
-        return _call(ex, fn, rows, device=self.device, timeout=self.timeout, **options)
+        return run_batch(ex, fn, rows, options)
 
     def imap(
         self,
@@ -84,7 +147,7 @@ class Pool:
         *,
         prefetch: int | None = None,
         strategy: str = "auto",
-        **options: Any,
+        **options: Unpack[CallOptions],
     ) -> Stream:
         """:meth:`map_rows` over an iterable of batches (a DataLoader, say), the results in
         order, up to ``prefetch`` batches in the making while you work on the current one
@@ -99,14 +162,15 @@ class Pool:
         batch after it is delivered; ``break``, ``close()``, leaving a ``with`` block or
         Ctrl-C stop the stream (a batch running split finishes; whole batches in flight
         are dropped). ``prefetch=0`` runs each batch in your loop's thread, without
-        overlap.
+        overlap. Warnings of its batches point at the line that called ``imap``.
 
         >>> import torch, prep
         >>> with prep.Pool("threads", workers=2) as pool:
         ...     [out.sum().item() for out in pool.imap(torch.neg, [torch.ones(2, 2)] * 3)]
         [-4.0, -4.0, -4.0]
         """
-        return self._stream(self.map_rows, fn, batches, prefetch, strategy, options)
+        given = Options.of("Pool.imap", options, self._defaults)
+        return self._stream(fn, batches, prefetch, strategy, given, samples=False)
 
     def imap_samples(
         self,
@@ -115,20 +179,22 @@ class Pool:
         *,
         prefetch: int | None = None,
         strategy: str = "auto",
-        **options: Any,
+        **options: Unpack[CallOptions],
     ) -> Stream:
         """:meth:`imap` for batches that are lists of samples: :meth:`map_samples` on each."""
-        return self._stream(self.map_samples, fn, batches, prefetch, strategy, options)
+        given = Options.of("Pool.imap_samples", options, self._defaults)
+        return self._stream(fn, batches, prefetch, strategy, given, samples=True)
 
     def _stream(
         self,
-        method: Callable[..., Any],
         fn: Callable[..., Any],
         batches: Iterable[Any],
         prefetch: Any,
         strategy: Any,
-        options: dict[str, Any],
+        options: Options,
+        samples: bool,
     ) -> Stream:
+        site = Site.here()  # the imap call: its batches run in another thread
         try:
             batches = iter(batches)
         except TypeError:
@@ -138,53 +204,49 @@ class Pool:
             ) from None
         if self._closed:
             raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
-        name = _choose(self.executor)
-        progress = options.pop("progress", self.progress)
+        name = runnable_here(self.executor)
         bound = self._binder.bind(fn) if self._binder is not None else fn
+        each = options.with_(progress=False)  # the stream's bar counts batches
+        rows_in = samples_of if samples else rows_of
+
+        def split(batch: Any) -> Any:
+            with pointing_at(site):
+                return self.run(fn, rows_in(batch), each)
 
         def finish(ex: Executor, rows: Rows) -> Any:
-            return _call(
-                ex, bound, rows, device=self.device, timeout=self.timeout, progress=False,
-                **options,
-            )  # fmt: skip
+            with pointing_at(site):
+                return run_batch(ex, bound, rows, each)
 
         return self._streams.open(
-            name, batches, prefetch, strategy,
-            lambda batch: method(fn, batch, progress=False, **options), finish, bound, options,
-            samples=method == self.map_samples, progress=progress,
-            isolate=lambda: self._get("processes"), timeout=self.timeout,
+            name, batches, prefetch, strategy, split, finish, bound, each.batch_options(),
+            samples=samples, progress=options.progress,
+            isolate=lambda: self._get("processes"), timeout=each.timeout,
         )  # fmt: skip
 
-    def explain(self) -> str:
+    def explain(self) -> Explanation:
         """What ``auto`` measured and chose for each signature this pool has seen, and
-        the strategy of its latest streams (``imap``)."""
-        auto = self._executors.get(AUTO)
-        text = auto.explain() if isinstance(auto, AutoExecutor) else "nothing yet"
-        plans = self._streams.describe()
-        if plans:
-            text = "\n".join([text if text != "nothing yet" else "", *plans]).strip()
-        return text
+        the strategy of its latest streams (``imap``): text to print, with the
+        calibrations behind it (see :class:`prep.Explanation`)."""
+        return Explanation(self.choices(), self._streams.describe())
 
     def choices(self) -> list[Calibration]:
         """``auto``'s latest :class:`~prep.auto.Calibration` for each signature this pool
         has seen (its ``.choice`` is the executor it runs); empty for other executors."""
-        auto = self._executors.get(AUTO)
-        return list(auto.choices().values()) if isinstance(auto, AutoExecutor) else []
+        autos = [ex for ex in self._warm.made() if isinstance(ex, AutoExecutor)]
+        return [cal for auto in autos for cal in auto.choices().values()]
 
     def close(self) -> None:
         """Stop the pool's threads or processes. It is safe to call this several times.
         In a forked child (a DataLoader worker holding a copy of this pool) it only
         forgets them: the workers are the parent's."""
-        with self._lock:
-            self._closed = True
-            executors, self._executors = self._executors, {}
+        self._closed = True
         if os.getpid() != self._pid:
             return
-        for ex in executors.values():
-            ex.close()
         self._streams.close()
-        if self._binder is not None:
-            self._binder.close()  # the states of this process's workers (serial, threads)
+        if self._owns:
+            self._warm.close()
+            if self._binder is not None:
+                self._binder.close()  # the states of this process's workers (serial, threads)
 
     def __enter__(self) -> Pool:
         return self
@@ -203,3 +265,75 @@ class Pool:
             f"device={str(self.device) if self.device else None!r} "
             f"timeout={self.timeout} {state}>"
         )
+
+
+class Shared:
+    """The pools ``prep.map_rows`` uses: one per executor, workers and ``setup``, made on
+    first use and kept warm between calls. Those of one worker count share their
+    executors (auto runs the very process pool ``executor="processes"`` does), those
+    of one ``setup`` their worker states. :meth:`close` closes them all
+    (``prep.shutdown()``, and at exit); a forked child forgets the parent's, whose
+    threads and processes it does not have, and makes its own."""
+
+    def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        self._pools: dict[tuple[str, int, Any], Pool] = {}
+        self._warm: dict[int, Warm] = {}
+        self._binders: dict[Any, Binder] = {}
+        self._lock = threading.Lock()
+
+    def pool(
+        self,
+        executor: str = AUTO,
+        workers: int | None = None,
+        setup: Callable[[], Any] | None = None,
+    ) -> Pool:
+        """The shared pool of these settings."""
+        executor_class(executor)  # a ConfigError naming the choices (and hashable)
+        key = (executor, resolve_workers(workers), setup)
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None or pool._closed:
+                pool = self._pools[key] = Pool._sharing(
+                    executor, self._warm_of(key[1]), self._binder_of(setup)
+                )
+            return pool
+
+    def _warm_of(self, workers: int) -> Warm:
+        warm = self._warm.get(workers)
+        if warm is None or warm.closed:
+            warm = self._warm[workers] = Warm(workers)
+        return warm
+
+    def _binder_of(self, setup: Callable[[], Any] | None) -> Binder | None:
+        if setup is None:
+            return None
+        binder = self._binders.get(setup)
+        if binder is None:
+            binder = self._binders[setup] = Binder(setup)
+        return binder
+
+    def executors(self, workers: int) -> Callable[[str], Executor]:
+        """The shared executor of each name, of ``workers`` workers."""
+        with self._lock:
+            return self._warm_of(workers).get
+
+    def close(self) -> None:
+        """Close every shared pool's executors, and the states their ``setup=`` made."""
+        with self._lock:
+            warm, binders = list(self._warm.values()), list(self._binders.values())
+            self._pools.clear()
+            self._warm.clear()
+            self._binders.clear()
+        for w in warm:
+            w.close()
+        for binder in binders:
+            binder.close()
+
+
+#: the pools of ``prep.map_rows``; nothing starts before the first call needs it
+SHARED = Shared()
+atexit.register(SHARED.close)
+os.register_at_fork(after_in_child=SHARED._forget)

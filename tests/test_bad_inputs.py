@@ -39,7 +39,7 @@ def _no_leaks_after_the_tables():
     assert wait_until(lambda: shm_entries() <= before), f"shm left: {shm_entries() - before}"
 
 
-EVERY = sorted(prep.executors)
+EVERY = sorted(prep.EXECUTORS)
 PER_ROW = ["serial", "threads", "processes", "joblib", "auto"]
 POOLS = ["serial", "threads", "processes", "joblib"]  # the per-row executors proper
 

@@ -16,8 +16,8 @@ from prep.executors import available_cores
 from tests import rowfns
 from tests.conftest import pool_children, wait_until
 
-EXECUTORS = sorted(prep.executors)
-PER_ROW = [e for e in EXECUTORS if prep.executors[e].per_row]
+EXECUTORS = sorted(prep.EXECUTORS)
+PER_ROW = [e for e in EXECUTORS if prep.EXECUTORS[e].per_row]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool]
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,7 +102,7 @@ def test_zero_rows(executor):
     x = torch.empty(0, 4)
     out = torch.empty(0, 4)
     assert run(rowfns.affine, x, executor, out=out) is out
-    if not prep.executors[executor].per_row:
+    if not prep.EXECUTORS[executor].per_row:
         assert run(rowfns.affine, x, executor).shape == (0, 4)
     else:
         with pytest.raises(ValueError, match="0 rows.*out="):
@@ -279,11 +279,11 @@ def test_a_forked_child_starts_its_own_pools():
     import os
 
     prep.map_rows(rowfns.affine, torch.ones(4, 1), executor="processes", workers=2)
-    assert prep.api._warm
+    assert prep.pool.SHARED._pools
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: the parent's warm pools must be gone
-        os.write(w, b"1" if not prep.api._warm else b"0")
+        os.write(w, b"1" if not prep.pool.SHARED._pools else b"0")
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
@@ -325,7 +325,7 @@ def test_two_threads_first_calls_build_one_executor(no_leaks):
             t.start()
         for t in threads:
             t.join(60)
-        assert len(pool._executors) == 1 and len(pool._get("processes").pids) == 2
+        assert len(pool._warm.made()) == 1 and len(pool._get("processes").pids) == 2
         assert all(torch.equal(v, x * 2 + 1) for v in got.values()) and len(got) == 2
 
 

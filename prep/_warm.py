@@ -1,0 +1,76 @@
+"""Executors kept warm, and one batch run through one of them.
+
+:class:`Warm` is what a :class:`~prep.Pool` owns: its executors, made from the
+registry on first use and kept until it closes. An ``auto`` made there is given
+the others, so it measures and runs the pool's own (one process pool, whichever
+name asked for it first). :func:`run_batch` is one call's batch through an
+executor: the row function checked against the rows, then ``prep._batch.run``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ._batch import run
+from ._checks import check_fn, check_row_call
+from ._options import Options
+from ._policy import ResultCheck
+from ._rows import Rows
+from ._state import WithState
+from .errors import ConfigError
+from .executors import Executor
+from .registry import make
+
+__all__ = ["Warm", "run_batch"]
+
+
+class Warm:
+    """The executors of ``workers`` workers each, by name, made on first use."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._executors: dict[str, Executor] = {}
+        # reentrant: making auto may ask for the executors it measures
+        self._lock = threading.RLock()
+        self.closed = False
+
+    def get(self, name: str) -> Executor:
+        """The executor named ``name`` (a ConfigError once closed)."""
+        with self._lock:
+            if self.closed:
+                raise ConfigError("the pool is closed; create a new prep.Pool")
+            ex = self._executors.get(name)
+            if ex is None:
+                ex = self._executors[name] = make(name, self.workers, self.get)
+            return ex
+
+    def made(self) -> list[Executor]:
+        """The executors made so far."""
+        with self._lock:
+            return list(self._executors.values())
+
+    def close(self) -> None:
+        """Close every executor made here. It is safe to call this several times."""
+        with self._lock:
+            self.closed = True
+            executors, self._executors = self._executors, {}
+        for ex in executors.values():
+            ex.close()
+
+
+def run_batch(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:
+    """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it."""
+    check_fn(fn, None, "map_rows", "batch")  # a Pool's calls come here only
+    if isinstance(fn, WithState):  # setup=: the function itself, given state= too
+        check_row_call(fn.fn, rows, state=True)
+    else:
+        check_row_call(fn, rows)
+    policy = options.policy
+    if policy.per_row_errors:  # a bad result (None, another dtype) then fails its row only
+        rows = rows.checking(ResultCheck(policy.padding is not None, options.out))
+    return run(
+        ex, fn, rows, out=options.out, device=options.device, timeout=options.timeout,
+        policy=policy, returns=options.returns, progress=options.progress,
+    )  # fmt: skip
