@@ -50,7 +50,7 @@ def test_good_timeouts_pass():
 
 
 @NO_CUDA
-@pytest.mark.parametrize("executor", sorted(prep.executors))
+@pytest.mark.parametrize("executor", sorted(prep.EXECUTORS))
 def test_cuda_where_torch_has_none_is_one_clear_error_for_every_executor(executor):
     with pytest.raises(prep.ConfigError, match=r"device='cuda', but torch has no CUDA here"):
         prep.map_rows(rowfns.affine, x, executor=executor, device="cuda")

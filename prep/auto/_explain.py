@@ -1,7 +1,7 @@
 """``print(calibration)``: what auto measured, predicted, observed and chose, in a few
 lines (the figures themselves are :class:`~prep.auto.Figures`' fields).
 
-An :class:`Explanation` reads one signature's figures and writes them out: it
+A :class:`CalibrationText` reads one signature's figures and writes them out: it
 renders, and decides nothing."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms"
 
 
-class Explanation:
+class CalibrationText:
     """The text of one signature's figures: a sentence, then the lines behind it."""
 
     def __init__(self, figures: Figures) -> None:
@@ -133,4 +133,4 @@ class Explanation:
         return lines
 
 
-__all__ = ["Explanation"]
+__all__ = ["CalibrationText"]

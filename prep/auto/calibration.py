@@ -18,7 +18,7 @@ import torch
 
 from .._rows import Rows
 from .._rowwise import unwrap_partial
-from ._explain import Explanation
+from ._explain import CalibrationText
 from ._figures import Figures
 
 
@@ -28,7 +28,7 @@ class Calibration(Figures):
     shows why in a few lines. :class:`~prep.auto._decisions.Decisions` moves it."""
 
     def __str__(self) -> str:
-        return str(Explanation(self))
+        return str(CalibrationText(self))
 
 
 # ---------------------------------------------------------------- signature
