@@ -29,8 +29,8 @@ from .._output import Output
 from .._rowwise import twin_of
 from ..errors import ExecutorUnavailable
 from ..executors import REGISTRY, Executor, Job, in_worker_process
-from . import wisdom
 from ._decisions import Decisions
+from ._memory import Memory
 from ._sample import Sample, now, on_cuda, run_tolerant
 from ._starter import ProcessStarter
 from .calibration import Calibration, signature
@@ -71,6 +71,7 @@ class AutoExecutor(Executor):
         self._lock = threading.Lock()
         self._warned: set[str] = set()
         self._starter = ProcessStarter(self.executor, self.workers, self._lock)
+        self._memory = Memory(self.workers, self._lock)
 
     def _make(self, name: str) -> Executor:
         with self._lock:
@@ -110,10 +111,6 @@ class AutoExecutor(Executor):
         with self._lock:
             return {key: kept[-1].cal for key, (_, kept) in self._choices.items()}
 
-    def explain(self) -> str:
-        """What auto measured and chose for each signature it has seen."""
-        return "\n\n".join(str(c) for c in self.choices().values()) or "nothing yet"
-
     # ------------------------------------------------------------ one batch
 
     def run(self, job: Job) -> Output | None:
@@ -126,8 +123,8 @@ class AutoExecutor(Executor):
         d = self._kept(key, n)
         if d is not None and not allow and "processes" in d.cal.predicted:
             d = None  # a choice made where processes were allowed: measure again here
-        if d is None:
-            d = self._recall(key, job, allow)
+        if d is None and (d := self._memory.recall(job, allow)) is not None:
+            self._keep(key, job.fn, d, None)
         if d is None or not d.cal.settled:
             prior = d
             calibrator = Calibrator(
@@ -135,62 +132,25 @@ class AutoExecutor(Executor):
             )
             calibrator.run()
             d = calibrator.decisions
-            d.wisdom_key = prior.wisdom_key if prior else self._wisdom_key(job)
+            d.wisdom_key = prior.wisdom_key if prior else self._memory.key(job)
             self._keep(key, job.fn, d, prior)
             if calibrator.done >= n:
                 d.cal.batches += 1
-                self._remember(d)
+                self._memory.remember(d)
                 assert job.output is not None, "the calibrator ran every row"
                 return job.output
             rest = job.part(calibrator.done)
             self._starter.plan(d, rest, allow)
             out = self._run(d, d.cal.choice, rest, observe=False)
             job.output = out
-            self._remember(d)
+            self._memory.remember(d)
             return out
         self._starter.plan(d, job, allow)
         out = self._run(d, d.next_trial() or d.cal.choice, job, observe=True)
-        self._remember(d)
+        self._memory.remember(d)
         return out
 
-    # ------------------------------------------------------------ wisdom
-
-    def _wisdom_key(self, job: Job) -> str | None:
-        if wisdom.location() is None:
-            return None  # wisdom off: no key to compute, nothing to remember or say
-        options = (job.pin, repr(job.policy))
-        return wisdom.key(job.fn, job.rows.layout(), len(job.rows), self.workers, options)
-
-    def _recall(self, key: Any, job: Job, allow: bool) -> Decisions | None:
-        """A calibration remembered by an earlier interpreter, kept as if measured."""
-        wkey = self._wisdom_key(job)
-        entry = wisdom.recall(wkey, lambda name: name in REGISTRY)  # auto is not one of them
-        if entry is None:
-            return None
-        d = Decisions.from_wisdom(entry, self.workers, job.policy.describe())
-        d.wisdom_key = wkey
-        if not allow:
-            d.drop("processes", "inside a DataLoader worker (no child processes)")
-        if not job.rows.batched or twin_of(job.fn) is None:
-            d.drop("vectorized", "no batched twin here")
-        if not job.rows.batched:
-            d.drop("vmap", "a list of samples has no batched form")
-        self._keep(key, job.fn, d, None)
-        return d
-
-    def _remember(self, d: Decisions) -> None:
-        cal = d.cal
-        with self._lock:
-            if d.wisdom_key is None or not d.wisdom_changed():
-                return
-            busy = wisdom.busy()
-            if busy:  # figures taken while others use the cores would mislead later runs
-                if not d.busy_noted:
-                    d.busy_noted = True
-                    cal.events.note(f"batch {cal.batches}: not remembered for later runs: {busy}")
-                return
-            entry = cal.to_wisdom()
-        wisdom.remember_later(d.wisdom_key, entry)
+    # ------------------------------------------------------------ running
 
     def _run(self, d: Decisions, name: str, job: Job, *, observe: bool) -> Output | None:
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
