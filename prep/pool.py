@@ -81,36 +81,18 @@ class Pool:
         defaults = Options(device=device, timeout=timeout, progress=progress)
         self._init(executor, warm, binder, defaults, True)
 
-    @classmethod
-    def _sharing(cls, executor: str, warm: Warm, binder: Binder | None) -> Pool:
-        """A pool of ``warm``'s executors and ``binder``'s states, which :class:`Shared`
-        owns and closes: closing this pool leaves them alone."""
-        pool = cls.__new__(cls)
-        pool._init(executor, warm, binder, DEFAULT, False)
-        return pool
-
     def _init(
         self, executor: str, warm: Warm, binder: Binder | None, defaults: Options, owns: bool
     ) -> None:
         self.executor = executor
         self.workers = warm.workers
         self._warm, self._binder, self._owns = warm, binder, owns
-        self._defaults = defaults
+        self._defaults = defaults  # each call's, beside its own options
+        self.device, self.timeout = defaults.device, defaults.timeout
+        self.progress = defaults.progress
         self._streams = Streams(self.workers)  # whole-batch workers, auto's stream plans
         self._closed = False
         self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
-
-    @property
-    def device(self) -> Any:
-        return self._defaults.device
-
-    @property
-    def timeout(self) -> float | None:
-        return self._defaults.timeout
-
-    @property
-    def progress(self) -> bool:
-        return self._defaults.progress
 
     def _get(self, name: str) -> Executor:
         if self._closed:
@@ -296,9 +278,9 @@ class Shared:
         with self._lock:
             pool = self._pools.get(key)
             if pool is None or pool._closed:
-                pool = self._pools[key] = Pool._sharing(
-                    executor, self._warm_of(key[1]), self._binder_of(setup)
-                )
+                # a pool of executors and states that this object owns and closes
+                pool = self._pools[key] = Pool.__new__(Pool)
+                pool._init(executor, self._warm_of(key[1]), self._binder_of(setup), DEFAULT, False)
             return pool
 
     def _warm_of(self, workers: int) -> Warm:

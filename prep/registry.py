@@ -21,7 +21,7 @@ from .executors import Executor
 AUTO = AutoExecutor.name
 
 #: the executor of a name, as a pool holds it warm
-Warm = Callable[[str], Executor]
+ExecutorOf = Callable[[str], Executor]
 
 #: name -> executor class, ``auto`` last (read-only: ``prep.EXECUTORS``)
 EXECUTORS: Mapping[str, type[Executor]] = MappingProxyType(
@@ -29,16 +29,16 @@ EXECUTORS: Mapping[str, type[Executor]] = MappingProxyType(
 )
 
 
-def _concrete(cls: type[Executor]) -> Callable[[int, Warm], Executor]:
+def _concrete(cls: type[Executor]) -> Callable[[int, ExecutorOf], Executor]:
     return lambda workers, warm: cls(workers)
 
 
-def _auto(workers: int, warm: Warm) -> Executor:
+def _auto(workers: int, warm: ExecutorOf) -> Executor:
     return AutoExecutor(workers, executors=warm)
 
 
 #: name -> how a pool makes that executor
-_MAKERS: dict[str, Callable[[int, Warm], Executor]] = {
+_MAKERS: dict[str, Callable[[int, ExecutorOf], Executor]] = {
     **{name: _concrete(cls) for name, cls in CONCRETE.items()},
     AutoExecutor.name: _auto,
 }
@@ -53,7 +53,7 @@ def executor_class(name: str) -> type[Executor]:
         raise ConfigError(f"executor={name!r} is not one of {choices}") from None
 
 
-def make(name: str, workers: int, warm: Warm) -> Executor:
+def make(name: str, workers: int, warm: ExecutorOf) -> Executor:
     """A new executor named ``name`` of ``workers`` workers; ``warm`` gives the pool's
     executor of another name (auto measures and runs those)."""
     executor_class(name)  # a ConfigError naming the choices
