@@ -17,14 +17,16 @@ from typing import Any
 import pytest
 import torch
 
-from prep.bench import Grid, Results, Workload, run
+from prep.bench import WORKLOADS, Grid, Results, Workload, run
 from prep.bench.baselines import loop_stack
 from prep.bench.command import add_parser
-from prep.bench.harness import _naive_plan
+from prep.bench.grid import QUICK_WORKLOADS
+from prep.bench.harness import _naive_plan, _names
 from prep.bench.report import write
 from prep.bench.verify import status_of
 from prep.bench.workloads import noop, user_workload
 from prep.errors import ConfigError
+from prep.executors import available_cores
 from prep.registry import EXECUTORS as REGISTRY
 
 from . import bench_user
@@ -311,18 +313,27 @@ def test_grid_rejects_bad_values() -> None:
         Grid(repeat=0)
 
 
-@pytest.mark.timeout(150)
-def test_quick_smoke(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """``prep bench --quick``: every variant, processes and joblib included, in < 1 min."""
+@pytest.mark.timeout(300)
+def test_quick_smoke(tmp_path: Path) -> None:
+    """``prep bench --quick`` runs its small grid whole: every variant (processes and
+    joblib included) in every group of the quick workloads, two repeats a cell."""
     assert bench_cli("--quick", "--out", str(tmp_path)) == 0
     data = json.loads((tmp_path / "results.json").read_text())
+    workers = min(2, available_cores())
     assert data["grid"]["rows"] == [8, 64] and data["grid"]["repeat"] == 2
-    assert {"processes", "joblib", "auto_first", "plain_joblib"} <= {
-        c["executor"] for c in data["cells"]
-    }
+    assert data["grid"]["workers"] == [workers]
+    groups = defaultdict(list)
+    for c in data["cells"]:
+        groups[c["workload"], c["rows"], c["workers"]].append(c["executor"])
+    assert set(groups) == {(w, r, workers) for w in QUICK_WORKLOADS for r in (8, 64)}
+    for (workload, _, _), names in groups.items():  # a cell for every variant it plans
+        assert names == _names(WORKLOADS[workload], Grid.quick()), workload
+        assert {"processes", "joblib", "auto_first", "plain_joblib"} <= set(names)
+    assert "vectorized" in groups["side_context_small", 8, workers]  # it has a batched twin
+    timed = [c for c in data["cells"] if c["status"] == "ok" and c["executor"] != "auto_first"]
+    assert timed and all(len(c["samples_s"]) == 2 for c in timed)
     assert {s["executor"] for s in data["startup"]} == {"threads", "processes", "joblib"}
     assert (tmp_path / "winners.png").exists()
-    print(f"--quick took {data['wall_s']:.0f} s", file=__import__("sys").stderr)
 
 
 # ---------------------------------------------------------------- pieces

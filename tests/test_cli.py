@@ -18,7 +18,7 @@ import torch
 import prep
 from prep.cli import COMMANDS, main, parse_value
 from prep.ops import side_context
-from prep.run import Progress
+from prep.run import ShardProgress
 from prep.run import shards as S
 from prep.run.manifest import Manifest
 
@@ -293,7 +293,7 @@ def test_quiet_prints_nothing(tmp_path, capsys):
 
 def test_progress_bar_on_a_terminal():
     stream = io.StringIO()
-    p = Progress(stream=stream, bar=True)
+    p = ShardProgress(stream=stream, bar=True)
     p.start(2, 0, 0)
     p.done({"input": "a.pt", "rows": 1000, "seconds": 0.1})
     p.done({"input": "b.pt", "rows": 1000, "seconds": 0.1})
@@ -375,6 +375,9 @@ def test_sigkill_anywhere_then_resume_is_byte_identical(tmp_path, slow_data):
     out = tmp_path / "out"
     args = ["run", data, "--out", out, *SLOW, "--jobs", 2, "--resume"]
     codes = []
+    # each kill comes after an event (a shard reported done); the delay after it only
+    # moves the kill point into the next shard's load, compute or save. Nothing waits on
+    # it: wherever the kill lands, the resumed run must give the clean run's bytes
     for shards_done, delay in [(1, 0.0), (1, 0.17), (2, 0.08)]:
         child = Child(*args)
         if child.wait_for(shards_done):

@@ -22,6 +22,7 @@ import torch
 import prep
 from prep.bench import Grid, Workload, run
 from prep.bench import libraries as libraries_module
+from prep.bench.alternatives import against_peers
 from prep.bench.command import add_parser, grid_from
 from prep.bench.libraries import LIBRARY_WORKLOADS
 from prep.bench.peer_loaders import _new_threads_default
@@ -104,10 +105,22 @@ def test_a_dict_batch_goes_by_keyword(name: str, forkserver: None, no_leaks: Non
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_closing_an_unstarted_pool_twice_is_harmless() -> None:
+@pytest.mark.timeout(60)
+def test_closing_a_pool_twice_is_harmless_started_or_not(forkserver: None, no_leaks: None) -> None:
+    """An unstarted pool closes without starting anything, stays usable, and a started
+    one closed twice leaves no worker (``no_leaks`` waits for them to be gone)."""
+    before = set(pool_children())
     pool = PEERS["mp_pool"].pool(Rows(rowfns.identity, samples=False, keywords=False), 2)
     pool.close()
     pool.close()
+    assert set(pool_children()) == before
+    x = torch.arange(6.0).view(3, 2)
+    try:
+        assert torch.equal(pool.run(x), x)  # the next run starts it afresh
+        assert set(pool_children()) > before
+    finally:
+        pool.close()
+        pool.close()
 
 
 # ---------------------------------------------------------------- skipped, failed
@@ -128,7 +141,7 @@ def test_a_missing_package_is_a_skipped_peer(monkeypatch: pytest.MonkeyPatch) ->
     assert by["mpire"].status == "skipped" and "mpire does not import" in by["mpire"].note
     assert first_call("mpire") not in by  # a peer that cannot run has no first call either
     assert by["cf_threads"].status == "ok"
-    assert res.peers_summary()["skipped"] == {"mpire": by["mpire"].note}
+    assert against_peers(res)["skipped"] == {"mpire": by["mpire"].note}
 
 
 @pytest.mark.timeout(60)

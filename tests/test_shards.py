@@ -17,9 +17,10 @@ import prep
 from prep.errors import Cancelled
 from prep.run import shards as S
 from prep.run import temps as T
+from prep.run.config import RunConfig, load_fn
 from prep.run.manifest import Manifest
 from prep.run.shards import ShardFile
-from prep.run.task import RunConfig, ShardTask, _named, load_fn, run_shard
+from prep.run.task import ShardTask, _named, run_shard
 from prep.run.temps import Temps
 
 from .conftest import wait_until

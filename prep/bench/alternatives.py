@@ -14,14 +14,12 @@ For each group where a peer ran warm (``prep bench --peers``, :mod:`prep.bench.p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .auto_vs_best import WITHIN, best_executor, ratio, share_within
 from .grid import AUTO
 from .peers import PEERS
-
-if TYPE_CHECKING:
-    from .results import Cell, Results
+from .results import Cell, Results
 
 __all__ = ["against_peers"]
 

@@ -18,13 +18,11 @@ executors; the table still names the overall winner):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..registry import EXECUTORS as REGISTRY
 from .grid import AUTO, AUTO_FIRST
-
-if TYPE_CHECKING:
-    from .results import Cell, Results
+from .results import Cell, Results
 
 __all__ = ["WITHIN", "best_executor", "executors", "ratio", "share_within", "summarize"]
 

@@ -1,4 +1,4 @@
-"""``prep bench``: its arguments and its handler; ``prep/cli.py`` registers them.
+"""``prep bench``: its arguments and its handler; ``prep/cli`` registers them.
 
 Wiring it into a CLI takes one of::
 

@@ -41,7 +41,7 @@ from .cell_text import group_line
 from .grid import AUTO, AUTO_FIRST, FIRST_CALLS, LOOP, PEER_WORKLOADS, PLAIN_JOBLIB, POOLS, Grid
 from .libraries import call, is_samples, unavailable
 from .peers import PEERS, PeerGroup, first_call, session
-from .results import Cell, Results, Startup, breakdown
+from .results import Cell, Results, Startup
 from .timing import Timing, interleaved
 from .verify import Guard, check, nbytes, status_of, text
 from .workloads import Workload, noop
@@ -53,14 +53,15 @@ _NAIVE_SKIP_BYTES = 64 * 2**20
 #: and below it, timed on only as many rows as ship this many bytes per call, then scaled
 _NAIVE_SHIP_BYTES = 256 * 2**20
 
-Progress = Callable[[str], None]
+#: where the harness says how far it got: one line at a time (print, a logger, a list)
+Say = Callable[[str], None]
 
 
 def run(
     grid: Grid | None = None,
     *,
     out: str | Path | None = None,
-    progress: Progress | None = None,
+    progress: Say | None = None,
     peers: bool | Sequence[str] = False,
 ) -> Results:
     """Time every executor of ``grid`` on every workload, rows and workers; see :class:`Grid`.
@@ -130,7 +131,7 @@ def _load() -> list[float] | None:
 # ---------------------------------------------------------------- start-up
 
 
-def _startup(grid: Grid, say: Progress) -> list[Startup]:
+def _startup(grid: Grid, say: Say) -> list[Startup]:
     """A fresh ``prep.Pool``'s first call vs its warm calls, on 64 no-op rows."""
     found = []
     for name in (n for n in POOLS if n in grid.executors):
@@ -161,7 +162,7 @@ def _probe(name: str, workers: int) -> Startup:
 
 
 def _workload_rows(
-    workload: Workload, rows: int, grid: Grid, startup: list[Startup], say: Progress
+    workload: Workload, rows: int, grid: Grid, startup: list[Startup], say: Say
 ) -> list[Cell]:
     names = _names(workload, grid)
     status, error = "skipped", unavailable(workload)
@@ -273,7 +274,7 @@ def _group(g: _Group, names: list[str], startup: list[Startup]) -> list[Cell]:
         if auto_pool is not None:
             _note_choice(g, auto_pool)
     for cell in g.cells.values():
-        breakdown(cell, serial, g.sizes, startup, g.cells)
+        cell.add_breakdown(serial, g.sizes, startup, g.cells)
     return [g.cells[n] for n in names if n in g.cells]
 
 

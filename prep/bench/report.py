@@ -2,7 +2,8 @@
 
 :func:`write` puts everything into one folder::
 
-    results.json   every figure, the grid and the environment (Results.to_dict)
+    results.json   every figure, the grid and the environment (Results.to_dict), with
+                   auto against the best executor and prep against the peers
     table.txt      the terminal table: one row per cell, the winner of each group starred
     report.md      environment, summary of who wins where, auto vs the winner, prep
                    against the alternatives (with --peers), the tables
@@ -17,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .alternatives import against_peers
+from .auto_vs_best import summarize
 from .cell_text import ms, note, rate, startup, times
 from .grid import AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB, label
 from .peers import NOTES as PEER_NOTES
@@ -176,14 +179,14 @@ def _peers_text(grid: dict[str, object]) -> str:
 
 def alternatives_table(results: Results) -> str | None:
     """prep's best executor and auto against the best peer, group by group (None: no peer ran)."""
-    found = results.peers_summary()
+    found = against_peers(results)
     return _groups_table(found["groups"], _ALTERNATIVES) if found["groups"] else None
 
 
 def _alternatives_section(results: Results) -> list[str]:
     """The table of prep against the best peer ([] where no peer ran)."""
     text = alternatives_table(results)
-    skipped = results.peers_summary()["skipped"]
+    skipped = against_peers(results)["skipped"]
     if text is None and not skipped:
         return []
     out = ["", "## prep against the alternatives", ""]
@@ -200,7 +203,7 @@ def _alternatives_section(results: Results) -> list[str]:
 
 def _auto_section(results: Results) -> list[str]:
     """The table of auto against the best executor, group by group ([] where auto never ran)."""
-    auto = results.auto_summary()
+    auto = summarize(results)
     if not auto["groups"]:
         return []
     calls = next((g["calls"] for g in auto["groups"] if g["calls"]), None)
@@ -264,6 +267,9 @@ def write(results: Results, out: Path, note: Callable[[str], None] = print) -> l
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "results.json", out / "table.txt", out / "report.md"]
     data = results.to_dict()
+    data["auto"] = summarize(results)
+    if results.grid.get("peers"):
+        data["peers"] = against_peers(results)
     data["summary"] = summary(results)
     written[0].write_text(json.dumps(data, indent=2) + "\n")
     written[1].write_text(terminal_table(results) + "\n")

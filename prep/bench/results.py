@@ -4,6 +4,12 @@ A *group* is one workload at one rows-per-batch and one workers setting (the
 variants and the grid are :mod:`prep.bench.grid`'s); its *winner* is the
 contender with the lowest median (auto is judged against it, not a contender,
 and neither is a first call or an estimated cell; the peers are contenders).
+
+These are the figures and nothing made of them: what they say about auto is
+:mod:`prep.bench.auto_vs_best`'s judgement, about prep against its peers
+:mod:`prep.bench.alternatives`'s, and the table, the report, the summary and the
+pictures are drawn from them by :mod:`~prep.bench.report`, :mod:`~prep.bench.summary`
+and :mod:`~prep.bench.plots`. Each reads a Results; none is part of it.
 """
 
 from __future__ import annotations
@@ -14,12 +20,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..executors import available_cores
-from .alternatives import against_peers
-from .auto_vs_best import summarize
 from .grid import AUTO, AUTO_FIRST, FIRST_CALLS, PLAIN_JOBLIB, POOLS, label
 from .peers import PEERS as PEER_NAMES
 
-__all__ = ["SCHEMA", "Cell", "Results", "Startup", "breakdown"]
+__all__ = ["SCHEMA", "Cell", "Results", "Startup"]
 
 SCHEMA = "prep.bench/1"
 
@@ -63,6 +67,47 @@ class Cell:
     @property
     def label(self) -> str:
         return label(self.executor)
+
+    def add_breakdown(
+        self,
+        serial: float | None,
+        sizes: tuple[int, int],
+        startup: list[Startup],
+        done: dict[str, Cell],
+    ) -> None:
+        """Where the time goes, as far as it can be seen from outside the executor.
+
+        The executors report no dispatch/compute/transfer split, so: start-up is the
+        probe's (a first call's: its excess over the warm median), compute is
+        serial's time split evenly over the workers (an ideal),
+        overhead is the rest, and bytes moved follow from each executor's design.
+        """
+        if self.status != "ok" or self.median_s is None:
+            return
+        parts: dict[str, float] = {}
+        name, workers = self.executor, self.workers
+        found = [s for s in startup if s.executor == name and s.workers == workers]
+        if found and found[0].startup_s is not None:
+            parts["startup_s"] = found[0].startup_s
+            if serial is not None and self.median_s < serial:
+                parts["calls_to_repay_startup"] = found[0].startup_s / (serial - self.median_s)
+        if (name in (*POOLS, PLAIN_JOBLIB) or name in PEER_NAMES) and serial is not None:
+            share = serial / min(workers, available_cores())  # more workers than cores share them
+            parts["compute_est_s"] = share
+            parts["overhead_est_s"] = self.median_s - share
+        warm = done.get(FIRST_CALLS.get(name, ""))
+        if warm is not None and warm.median_s is not None:
+            # below the noise of the warm calls it comes out negative: call that nothing
+            extra = max(0.0, self.median_s - warm.median_s)
+            parts["calibration_s" if name == AUTO_FIRST else "startup_s"] = extra
+        batch_bytes, out_bytes = sizes
+        # processes copy into shared memory and back even with 1 worker; joblib pickles each
+        # chunk once each way, but with n_jobs=1 runs in this process and moves nothing
+        if name == "processes" or (name == "joblib" and workers > 1):
+            parts["moved_mb"] = (batch_bytes + out_bytes) / 2**20
+        elif name == PLAIN_JOBLIB and workers > 1:  # every row view pickles the whole batch
+            parts["moved_mb"] = (self.rows * batch_bytes + out_bytes) / 2**20
+        self.breakdown = parts
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -132,16 +177,9 @@ class Results:
     def winner(self, key: tuple[str, int, int]) -> Cell | None:
         return next((c for c in self.cells if c.key == key and c.winner), None)
 
-    def auto_summary(self) -> dict[str, Any]:
-        """auto against the best executor, per group: :func:`prep.bench.auto_vs_best.summarize`."""
-        return summarize(self)
-
-    def peers_summary(self) -> dict[str, Any]:
-        """prep against the best peer, per group: :func:`prep.bench.alternatives.against_peers`."""
-        return against_peers(self)
-
     def to_dict(self) -> dict[str, Any]:
-        """Everything as JSON types; ``peers`` only where the grid had peers."""
+        """Every figure as JSON types (what they add up to is the analyses' and the
+        report's: :func:`prep.bench.report.write` adds them to results.json)."""
         found = {
             "schema": SCHEMA,
             "environment": self.environment,
@@ -150,53 +188,8 @@ class Results:
             "wall_s": self.wall_s,
             "startup": [s.to_dict() for s in self.startup],
             "cells": [c.to_dict() for c in self.cells],
-            "auto": self.auto_summary(),
         }
-        if self.grid.get("peers"):
-            found["peers"] = self.peers_summary()
         return _finite(found)
-
-
-def breakdown(
-    cell: Cell,
-    serial: float | None,
-    sizes: tuple[int, int],
-    startup: list[Startup],
-    done: dict[str, Cell],
-) -> None:
-    """Where the time goes, as far as it can be seen from outside the executor.
-
-    The executors report no dispatch/compute/transfer split, so: start-up is the
-    probe's (a first call's: its excess over the warm median), compute is
-    serial's time split evenly over the workers (an ideal),
-    overhead is the rest, and bytes moved follow from each executor's design.
-    """
-    if cell.status != "ok" or cell.median_s is None:
-        return
-    parts: dict[str, float] = {}
-    name, workers = cell.executor, cell.workers
-    found = [s for s in startup if s.executor == name and s.workers == workers]
-    if found and found[0].startup_s is not None:
-        parts["startup_s"] = found[0].startup_s
-        if serial is not None and cell.median_s < serial:
-            parts["calls_to_repay_startup"] = found[0].startup_s / (serial - cell.median_s)
-    if (name in (*POOLS, PLAIN_JOBLIB) or name in PEER_NAMES) and serial is not None:
-        share = serial / min(workers, available_cores())  # more workers than cores share them
-        parts["compute_est_s"] = share
-        parts["overhead_est_s"] = cell.median_s - share
-    warm = done.get(FIRST_CALLS.get(name, ""))
-    if warm is not None and warm.median_s is not None:
-        # below the noise of the warm calls it comes out negative: call that nothing
-        extra = max(0.0, cell.median_s - warm.median_s)
-        parts["calibration_s" if name == AUTO_FIRST else "startup_s"] = extra
-    batch_bytes, out_bytes = sizes
-    # processes copy into shared memory and back even with 1 worker; joblib pickles each
-    # chunk once each way, but with n_jobs=1 runs in this process and moves nothing
-    if name == "processes" or (name == "joblib" and workers > 1):
-        parts["moved_mb"] = (batch_bytes + out_bytes) / 2**20
-    elif name == PLAIN_JOBLIB and workers > 1:  # every row view pickles the whole batch
-        parts["moved_mb"] = (cell.rows * batch_bytes + out_bytes) / 2**20
-    cell.breakdown = parts
 
 
 def _best(cells: list[Cell]) -> Cell | None:

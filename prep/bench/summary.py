@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .auto_vs_best import WITHIN
+from .alternatives import against_peers
+from .auto_vs_best import WITHIN, summarize
 from .cell_text import ms, note
 from .grid import LOOP, PLAIN_JOBLIB, POOLS, label, uses_workers
 from .results import Cell, Results
@@ -146,7 +147,7 @@ def _naive_line(results: Results) -> str | None:
 
 
 def _auto_line(results: Results) -> str | None:
-    auto = results.auto_summary()
+    auto = summarize(results)
     groups = auto["groups"]
     if not groups:
         return None
@@ -179,7 +180,7 @@ def _auto_line(results: Results) -> str | None:
 
 def _peers_line(results: Results) -> str | None:
     """prep against the best peer tool: in how many groups it keeps up, and the worst one."""
-    found = results.peers_summary()
+    found = against_peers(results)
     groups = [g for g in found["groups"] if g["best_ratio"] is not None]
     if not groups:
         return None

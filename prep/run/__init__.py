@@ -4,8 +4,9 @@ The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow
 
     shards.py    find, load (weights_only) and save (temp file, fsync, rename) shard files
     manifest.py  manifest.jsonl: one fsynced line per finished shard; what --resume trusts
+    config.py    RunConfig: the function, its arguments, the row options; checked up front
     task.py      one shard's work, wherever it runs: load -> map_rows -> save -> entry
-    rows.py      row-level options: ragged rows padded (+ lengths), failed rows recorded
+    rows.py      what an output holds under the row options: lengths, failed rows recorded
     jobs.py      the driver: shards in flight, results recorded, Ctrl-C/SIGTERM handled
     local.py     where shards run by default: threads of this process, one Pool each
     dask.py      where they run with ``cluster``: a Dask scheduler (prep[dask])
@@ -23,10 +24,10 @@ The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow
 
 from __future__ import annotations
 
+from .config import ROW_ERRORS, RunConfig, load_fn
 from .jobs import ON_ERROR, run_shards
 from .manifest import Manifest
-from .progress import Progress, Summary
-from .rows import ROW_ERRORS
+from .progress import ShardProgress, Summary
 from .shards import (
     FORMATS,
     ShardFile,
@@ -36,17 +37,17 @@ from .shards import (
     save_shard,
 )
 from .signals import sigterm_raises
-from .task import RunConfig, ShardTask, explain_first_shard, load_fn, run_shard
+from .task import ShardTask, explain_first_shard, run_shard
 from .temps import remove_stale_temps
 
 __all__ = [
     "FORMATS",
     "ON_ERROR",
-    "Manifest",
-    "Progress",
     "ROW_ERRORS",
+    "Manifest",
     "RunConfig",
     "ShardFile",
+    "ShardProgress",
     "ShardTask",
     "Summary",
     "explain_first_shard",

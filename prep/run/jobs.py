@@ -27,7 +27,6 @@ a second run would otherwise silently mix two runs' outputs.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import time
@@ -37,16 +36,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from .._checks import check_device
 from ..errors import ConfigError, ShardError, Terminated
-from ..registry import executor_class
+from .config import RunConfig
 from .local import LocalBackend
 from .manifest import Manifest
-from .progress import Progress, Summary
-from .rows import check_rows
-from .shards import FORMATS, find_shards
+from .progress import ShardProgress, Summary
+from .shards import find_shards
 from .signals import shielded
-from .task import RunConfig, ShardTask, check_call, check_first_shard
+from .task import ShardTask
 from .temps import remove_stale_temps
 
 __all__ = ["LOCAL_JOBS", "ON_ERROR", "Backend", "run_shards"]
@@ -83,20 +80,7 @@ def _check(config: RunConfig, jobs: int | None, on_error: str) -> None:
         raise ConfigError(f"on_error={on_error!r} is not one of {', '.join(map(repr, ON_ERROR))}")
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={jobs!r} is not a positive integer; pass jobs >= 1")
-    if config.format is not None and config.format not in FORMATS.values():
-        choices = ", ".join(map(repr, FORMATS.values()))
-        raise ConfigError(f"format={config.format!r} is not one of {choices} (or None)")
-    executor_class(config.executor)  # raises ConfigError naming the choices
-    check_rows(config)
-    check_device(config.device)  # a CUDA device where torch has none fails here, not per shard
-    check_call(config)  # fail before any work when the function cannot be imported or called
-    try:
-        json.dumps(config.recipe())
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"args={dict(config.args)!r} cannot be recorded in the manifest (JSON); pass "
-            f"numbers, strings, booleans, or lists and dicts of them"
-        ) from None
+    config.check()  # every setting, before any file is read or written
 
 
 def _prepare_out(out: Path, inputs: Iterable[str | os.PathLike[str]]) -> None:
@@ -126,7 +110,7 @@ def run_shards(
     on_error: str = "stop",
     resume: bool = False,
     cluster: str | None = None,
-    progress: Progress | None = None,
+    progress: ShardProgress | None = None,
 ) -> Summary:
     """Process every shard under ``inputs`` into ``out``; returns the :class:`Summary`.
 
@@ -152,7 +136,7 @@ def run_shards(
     _check(config, jobs, on_error)
     folder = Path(out)
     manifest, todo, summary, stale = _plan(inputs, folder, config, resume)
-    progress = progress or Progress(quiet=True)
+    progress = progress or ShardProgress(quiet=True)
     progress.start(len(todo), summary.skipped, len(stale))
     if not todo:  # all done already: no pool or cluster to start
         progress.finish(summary)
@@ -163,13 +147,7 @@ def run_shards(
         _drive(backend, todo, manifest, on_error, progress, summary)
     except BaseException as exc:  # Ctrl-C, SIGTERM, or the manifest's disk failing
         with shielded():
-            if isinstance(exc, KeyboardInterrupt):
-                summary.interrupted = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
-            summary.not_started = len(todo)
-            backend.abandon()
-            # a Dask worker's (once a cluster we started is closed), which this process
-            # cannot track; a live worker's or another run's are left alone
-            remove_stale_temps(folder)
+            _abandon(backend, exc, len(todo), folder, summary)
         raise
     else:
         backend.close()
@@ -181,12 +159,25 @@ def run_shards(
     return summary
 
 
+def _abandon(
+    backend: Backend, exc: BaseException, todo: int, folder: Path, summary: Summary
+) -> None:
+    """Stop the shards in flight after ``exc``, and count what it left undone."""
+    if isinstance(exc, KeyboardInterrupt):
+        summary.interrupted = "SIGTERM" if isinstance(exc, Terminated) else "SIGINT"
+    summary.not_started = todo
+    backend.abandon()
+    # a Dask worker's (once a cluster we started is closed), which this process
+    # cannot track; a live worker's or another run's are left alone
+    remove_stale_temps(folder)
+
+
 def _plan(
     inputs: list[str | os.PathLike[str]], folder: Path, config: RunConfig, resume: bool
 ) -> tuple[Manifest, deque[ShardTask], Summary, list[Path]]:
     """The manifest, the shards still to do, the summary so far and the stale temps removed."""
     shards = find_shards(inputs)
-    check_first_shard(config, shards[0].path)  # before --out is made or any shard runs
+    config.check_first_shard(shards[0].path)  # before --out is made or any shard runs
     _prepare_out(folder, inputs)
     manifest = Manifest(folder)
     previous = manifest.entries()
@@ -216,7 +207,7 @@ def _drive(
     todo: deque[ShardTask],
     manifest: Manifest,
     on_error: str,
-    progress: Progress,
+    progress: ShardProgress,
     summary: Summary,
 ) -> None:
     """Keep ``backend.slots`` tasks in flight; record each result as it lands."""
@@ -254,7 +245,7 @@ def _drive(
 
 
 def _record_failure(
-    task: ShardTask, exc: BaseException, progress: Progress, summary: Summary
+    task: ShardTask, exc: BaseException, progress: ShardProgress, summary: Summary
 ) -> None:
     # the one-line error for the progress and the summary, and the whole traceback,
     # or a bug (in prep or the function) would leave no trace of where it happened;

@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from ..pool import Pool
-from .task import RunConfig, ShardTask, run_shard
+from .config import RunConfig
+from .task import ShardTask, run_shard
 from .temps import Temps
 
 __all__ = ["LocalBackend"]

@@ -15,7 +15,7 @@ One entry (schema 1; keys sorted when written)::
      "columns": null, "prep": "0.1.0", "torch": "2.13.0",
      "seconds": 0.41, "finished": "2025-01-01T12:00:00Z"}
 
-The row-level options (:mod:`prep.run.rows`) add their fields only when given,
+The row-level options (:class:`~prep.run.RunConfig`) add their fields only when given,
 so an entry without them is one made with the defaults; ``--on-row-error
 fill``/``skip`` also record the shard's failed rows, every index, and the errors
 of the first 100 (``rows`` stays the input's count; under skip the output holds

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from .._progress import CountBar
 
-__all__ = ["Progress", "Summary"]
+__all__ = ["ShardProgress", "Summary"]
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Summary:
         return 1 if self.failed else 0
 
 
-class Progress:
+class ShardProgress:
     """Reports a run on ``stream``: a bar if it is a terminal (or ``bar=True``), else lines."""
 
     def __init__(

@@ -43,8 +43,8 @@ __all__ = [
     "ShardFile",
     "compact",
     "find_shards",
-    "make_shards",
     "load_shard",
+    "make_shards",
     "save_shard",
     "sha256_file",
 ]

@@ -13,80 +13,29 @@ arguments), so it pickles small; the function is imported where it runs.
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .. import __version__
-from .._checks import call_problem, signature, takes_keyword
-from .._imports import load_callable
+from .._version import __version__
 from ..api import explain, map_rows
 from ..auto import Calibration
-from ..errors import Cancelled, ConfigError, RowError, ShardError
+from ..errors import Cancelled, RowError, ShardError
 from ..pool import Pool
+from .config import RunConfig
 from .manifest import SCHEMA
-from .rows import (
-    check_rows,
-    failed_rows,
-    map_options,
-    recipe_fields,
-    unpack,
-    with_lengths,
-)
+from .rows import failed_rows, with_lengths
 from .shards import ShardFile, find_shards, load_shard, save_shard
 from .temps import Temps
 
-__all__ = [
-    "RunConfig",
-    "ShardTask",
-    "check_call",
-    "check_first_shard",
-    "explain_first_shard",
-    "load_fn",
-    "run_shard",
-]
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """What to compute on each shard (how many shards at once is not part of it)."""
-
-    fn: str  # "module:function", imported where the shard runs
-    args: Mapping[str, Any] = field(default_factory=dict)  # bound with functools.partial
-    columns: tuple[str, ...] | None = None  # positional, in this order; None: all, by name
-    executor: str = "auto"
-    workers: int | None = None
-    device: str | None = None
-    format: str | None = None  # "pt" or "safetensors"; None: the input's
-    trust_pickle: bool = False
-    # row-level options (see prep.run.rows): ragged rows padded, failing rows kept
-    pad: bool | int | float | None = None  # None: every row returns equal shapes
-    pad_to: tuple[int, ...] | None = None  # a fixed row shape for every output
-    on_row_error: str = "raise"  # "raise" (the shard fails), "fill" or "skip"
-    fill: bool | int | float | None = None  # a failed row's value (None: the pad, else 0)
-    setup: str | None = None  # "module:function" of per-worker state (state= for fn)
-
-    def recipe(self) -> dict[str, Any]:
-        """The fields that say which computation made an output (see :mod:`prep.run.manifest`);
-        the row-level options only where they differ from the defaults."""
-        columns = list(self.columns) if self.columns is not None else None
-        setup = {"setup": self.setup} if self.setup else {}  # the state it used made it too
-        return {
-            "fn": self.fn, "args": dict(self.args), "columns": columns, **setup,
-            **recipe_fields(self),
-        }  # fmt: skip
-
-    def setup_fn(self) -> Callable[[], Any] | None:
-        """``--setup`` imported (where the shard runs), or None."""
-        return load_callable(self.setup, "--setup") if self.setup else None
+__all__ = ["ShardTask", "explain_first_shard", "run_shard"]
 
 
 @dataclass(frozen=True)
@@ -96,83 +45,6 @@ class ShardTask:
     source: ShardFile
     out: Path  # the output folder
     config: RunConfig
-
-
-def load_fn(spec: str) -> Callable[..., Any]:
-    """Import ``module:function`` for ``--fn`` (the function may be dotted)."""
-    return load_callable(spec, "--fn")
-
-
-def check_call(config: RunConfig, columns: Iterable[str] | None = None) -> None:
-    """A ConfigError, before any row runs, if ``--fn`` cannot be called on a row as
-    ``prep run`` calls it: ``--arg`` by name, the row's tensors positionally
-    (``--columns``) or by name (``columns``, a shard's names), ``state=`` with
-    ``--setup``. Where the names are not known yet (no shard read), only what
-    ``--arg`` gives is checked: a name the function does not take."""
-    fn = load_fn(config.fn)
-    if config.setup and not takes_keyword(fn, "state"):
-        raise ConfigError(
-            f"--setup {config.setup} gives --fn {config.fn} its state as the keyword state=, "
-            f"but the function has no state parameter; add one (def fn(..., *, state)), or "
-            f"drop --setup"
-        )
-    given = dict(config.args) | ({"state": None} if config.setup else {})
-    if config.columns is not None:
-        problem = call_problem(fn, len(config.columns), **given)
-        call = ", ".join([*config.columns, *(f"{k}=..." for k in given)])
-    elif columns is not None:
-        names = [c for c in columns if c not in given]
-        problem = call_problem(fn, 0, names, **given)
-        call = ", ".join(f"{k}=..." for k in [*names, *given])
-    else:
-        problem = _unknown_args(fn, given)
-        call = ", ".join(["<columns>", *(f"{k}=..." for k in given)])
-    if problem is not None:
-        raise ConfigError(
-            f"--fn {config.fn} cannot be called as prep run calls it on every row, "
-            f"fn({call}): {problem}; pass the function's other arguments with --arg "
-            f"NAME=VALUE, and choose the row's tensors with --columns"
-        )
-
-
-def check_first_shard(config: RunConfig, path: Path) -> None:
-    """:func:`check_call` with the names of the first shard's tensors (read, not
-    computed on), so that a call that cannot work fails once, before any shard runs.
-    A shard that cannot be read is left to its own run to report."""
-    if config.columns is not None:
-        return
-    try:
-        names = list(load_shard(path, trust_pickle=config.trust_pickle))
-    except ShardError:
-        return
-    check_call(config, names)
-
-
-def _unknown_args(fn: Callable[..., Any], given: Mapping[str, Any]) -> str | None:
-    sig = signature(fn)
-    if sig is None:
-        return None
-    try:
-        sig.bind_partial(**given)
-    except TypeError as exc:
-        return str(exc)
-    return None
-
-
-def _bound(spec: str, args: Mapping[str, Any]) -> Callable[..., Any]:
-    """The function with its arguments bound; cached, so a worker imports it once."""
-    key = tuple(sorted(args.items()))
-    try:
-        return _bound_cached(spec, key)
-    except TypeError:  # an unhashable argument (a list): bind without the cache
-        fn = load_fn(spec)
-        return functools.partial(fn, **args) if args else fn
-
-
-@functools.lru_cache(maxsize=8)
-def _bound_cached(spec: str, args: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
-    fn = load_fn(spec)
-    return functools.partial(fn, **dict(args)) if args else fn
 
 
 def _batch(
@@ -235,8 +107,8 @@ def run_shard(
     tensors = load_shard(src.path, trust_pickle=config.trust_pickle)
     batch, rows = _batch(tensors, config.columns, src.path)
     if config.columns is None:  # the row's tensors go by their names in this shard
-        check_call(config, list(batch))
-    fn = _bound(config.fn, config.args)
+        config.check_call(list(batch))
+    fn = config.bound_fn()
     if config.device is not None and torch.device(config.device).type != "cpu":
         # compute where the result is wanted: the batched twin then runs on the GPU
         batch = _to(batch, config.device)
@@ -275,7 +147,7 @@ def _map(
     src: ShardFile,
 ) -> Any:
     """``map_rows`` on the shard, through ``pool`` if there is one, with the row options."""
-    options = map_options(config)
+    options = config.row_options()
     try:
         if pool is not None:
             return pool.map_rows(fn, batch, **options)
@@ -297,7 +169,7 @@ def _map(
 def _outputs(result: Any, config: RunConfig) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """The tensors to save (with their lengths under --pad) and the entry's failed-row
     fields (under --on-row-error fill/skip; none otherwise)."""
-    out, lengths, valid, errors = unpack(result, config)
+    out, lengths, valid, errors = config.unpack(result)
     tensors = _named(out, config.fn)
     if lengths is not None:
         tensors = with_lengths(tensors, _named(lengths, config.fn))
@@ -327,14 +199,14 @@ def explain_first_shard(
     >>> path.name, calibration.choice in prep.executors
     ('shard-00000.pt', True)
     """
-    check_rows(config)
+    config.check_rows()
     first = find_shards(inputs)[0].path  # find_shards raises ConfigError when there are none
     batch, rows = _batch(load_shard(first, trust_pickle=config.trust_pickle), config.columns, first)
-    check_call(config, list(batch) if isinstance(batch, dict) else None)
+    config.check_call(list(batch) if isinstance(batch, dict) else None)
     if rows == 0:
         raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
-    fn = _bound(config.fn, config.args)
-    options = map_options(config)
+    fn = config.bound_fn()
+    options = config.row_options()
     if not options and not config.setup:
         return first, explain(fn, batch, workers=config.workers)
     with Pool("auto", config.workers, setup=config.setup_fn()) as pool:

@@ -1,0 +1,250 @@
+"""What ``prep run`` computes on every shard: :class:`RunConfig`, and its checks.
+
+A config names the function (``module:function``, imported where the shard runs)
+and its arguments, which columns it takes, and the row-level options::
+
+    --pad / --pad-to        ─▶ map_rows(pad=, pad_to=, return_lengths=True)
+                            ─▶ each output NAME saved with NAME_lengths beside it
+    --on-row-error / --fill ─▶ map_rows(on_error=, fill=, return_valid=True)
+                            ─▶ the entry's failed_rows and row_errors (:mod:`prep.run.rows`)
+
+Both change what an output holds, so they are part of the :meth:`RunConfig.recipe`
+that ``--resume`` compares; a default is left out of it, so a manifest written
+before these options existed still proves its shards done.
+
+Everything is checked before any shard runs, and where it can be, before
+``--out`` is created: the options, the executor and device, and whether the
+function can be called as ``prep run`` calls it (:meth:`RunConfig.check_call`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from .._checks import call_problem, check_device, signature, takes_keyword
+from .._imports import load_callable
+from ..errors import ConfigError, ShardError
+from ..registry import executor_class
+from .shards import FORMATS, load_shard
+
+__all__ = ["ROW_ERRORS", "RunConfig", "load_fn"]
+
+#: what a row the function raises on does: fail its shard, be filled, be left out
+ROW_ERRORS = ("raise", "fill", "skip")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to compute on each shard (how many shards at once is not part of it)."""
+
+    fn: str  # "module:function", imported where the shard runs
+    args: Mapping[str, Any] = field(default_factory=dict)  # bound with functools.partial
+    columns: tuple[str, ...] | None = None  # positional, in this order; None: all, by name
+    executor: str = "auto"
+    workers: int | None = None
+    device: str | None = None
+    format: str | None = None  # "pt" or "safetensors"; None: the input's
+    trust_pickle: bool = False
+    # row-level options: ragged rows padded, failing rows kept (see the module docstring)
+    pad: bool | int | float | None = None  # None: every row returns equal shapes
+    pad_to: tuple[int, ...] | None = None  # a fixed row shape for every output
+    on_row_error: str = "raise"  # "raise" (the shard fails), "fill" or "skip"
+    fill: bool | int | float | None = None  # a failed row's value (None: the pad, else 0)
+    setup: str | None = None  # "module:function" of per-worker state (state= for fn)
+
+    # ------------------------------------------------------------ what it computes
+
+    def recipe(self) -> dict[str, Any]:
+        """The fields that say which computation made an output (see :mod:`prep.run.manifest`);
+        the row-level options only where they differ from the defaults (nan as "nan")."""
+        columns = list(self.columns) if self.columns is not None else None
+        found: dict[str, Any] = {"fn": self.fn, "args": dict(self.args), "columns": columns}
+        if self.setup:  # the state it used made the output too
+            found["setup"] = self.setup
+        if self.pad is not None:
+            found["pad"] = _json_number(self.pad)
+        if self.pad_to is not None:
+            found["pad_to"] = list(self.pad_to)
+        if self.on_row_error != "raise":
+            found["on_row_error"] = self.on_row_error
+        if self.fill is not None:
+            found["fill"] = _json_number(self.fill)
+        return found
+
+    def bound_fn(self) -> Callable[..., Any]:
+        """``--fn`` with ``args`` bound; cached, so a worker imports it once."""
+        return _bound(self.fn, self.args)
+
+    def setup_fn(self) -> Callable[[], Any] | None:
+        """``--setup`` imported (where the shard runs), or None."""
+        return load_callable(self.setup, "--setup") if self.setup else None
+
+    @property
+    def padded(self) -> bool:
+        """Whether rows may differ in size (and lengths are saved)."""
+        return self.pad is not None or self.pad_to is not None
+
+    def row_options(self) -> dict[str, Any]:
+        """The keywords of ``map_rows`` for the row-level options (none by default)."""
+        options: dict[str, Any] = {}
+        if self.padded:
+            options.update(pad=self.pad, pad_to=self.pad_to, return_lengths=True)
+        if self.on_row_error != "raise":
+            options.update(
+                on_error=self.on_row_error, fill=self.fill, return_valid=True, return_errors=True
+            )
+        return options
+
+    def unpack(self, result: Any) -> tuple[Any, Any, Tensor | None, dict[int, BaseException]]:
+        """``map_rows``'s answer to :meth:`row_options` as (output, lengths or None, valid
+        mask or None, the failed rows' errors)."""
+        if not self.row_options():
+            return result, None, None, {}
+        out, *extra = result
+        lengths = extra.pop(0) if self.padded else None
+        if self.on_row_error == "raise":
+            return out, lengths, None, {}
+        valid, errors = extra
+        return out, lengths, valid, errors
+
+    def row_flags(self) -> str:
+        """The row-level options as the flags that set them (for ``--explain``)."""
+        parts = []
+        if self.pad is not None:
+            parts.append(f"--pad {self.pad}")
+        if self.pad_to is not None:
+            parts.append(f"--pad-to {','.join(map(str, self.pad_to))}")
+        parts.append(f"--on-row-error {self.on_row_error}")
+        if self.fill is not None:
+            parts.append(f"--fill {self.fill}")
+        return " ".join(parts)
+
+    # ------------------------------------------------------------ checked before any shard
+
+    def check(self) -> None:
+        """Every setting, before any work: a ConfigError naming the bad one."""
+        if self.format is not None and self.format not in FORMATS.values():
+            choices = ", ".join(map(repr, FORMATS.values()))
+            raise ConfigError(f"format={self.format!r} is not one of {choices} (or None)")
+        executor_class(self.executor)  # raises ConfigError naming the choices
+        self.check_rows()
+        check_device(self.device)  # a CUDA device where torch has none fails here, not per shard
+        self.check_call()  # the function cannot be imported, or not called with these --arg
+        try:
+            json.dumps(self.recipe())
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"args={dict(self.args)!r} cannot be recorded in the manifest (JSON); pass "
+                f"numbers, strings, booleans, or lists and dicts of them"
+            ) from None
+
+    def check_rows(self) -> None:
+        """The row-level options alone."""
+        if self.on_row_error not in ROW_ERRORS:
+            choices = ", ".join(map(repr, ROW_ERRORS))
+            raise ConfigError(f"on_row_error={self.on_row_error!r} is not one of {choices}")
+        for name in ("pad", "fill"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (bool, int, float)):
+                raise ConfigError(f"{name}={value!r} is not a number; e.g. 0, -1 or nan")
+        if self.fill is not None and self.on_row_error != "fill":
+            raise ConfigError(
+                f"fill={self.fill!r} is the value of a failed row under --on-row-error fill, "
+                f"but on_row_error is {self.on_row_error!r}; pass --on-row-error fill too"
+            )
+        to = self.pad_to
+        if to is not None and not (
+            isinstance(to, tuple)
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in to)
+        ):
+            raise ConfigError(f"pad_to={to!r} is not a tuple of sizes >= 0; e.g. (128,) or (3, 64)")
+
+    def check_call(self, columns: Iterable[str] | None = None) -> None:
+        """A ConfigError, before any row runs, if ``--fn`` cannot be called on a row as
+        ``prep run`` calls it: ``--arg`` by name, the row's tensors positionally
+        (``--columns``) or by name (``columns``, a shard's names), ``state=`` with
+        ``--setup``. Where the names are not known yet (no shard read), only what
+        ``--arg`` gives is checked: a name the function does not take."""
+        fn = load_fn(self.fn)
+        if self.setup and not takes_keyword(fn, "state"):
+            raise ConfigError(
+                f"--setup {self.setup} gives --fn {self.fn} its state as the keyword state=, "
+                f"but the function has no state parameter; add one (def fn(..., *, state)), "
+                f"or drop --setup"
+            )
+        given = dict(self.args) | ({"state": None} if self.setup else {})
+        if self.columns is not None:
+            problem = call_problem(fn, len(self.columns), **given)
+            call = ", ".join([*self.columns, *(f"{k}=..." for k in given)])
+        elif columns is not None:
+            names = [c for c in columns if c not in given]
+            problem = call_problem(fn, 0, names, **given)
+            call = ", ".join(f"{k}=..." for k in [*names, *given])
+        else:
+            problem = _unknown_args(fn, given)
+            call = ", ".join(["<columns>", *(f"{k}=..." for k in given)])
+        if problem is not None:
+            raise ConfigError(
+                f"--fn {self.fn} cannot be called as prep run calls it on every row, "
+                f"fn({call}): {problem}; pass the function's other arguments with --arg "
+                f"NAME=VALUE, and choose the row's tensors with --columns"
+            )
+
+    def check_first_shard(self, path: Path) -> None:
+        """:meth:`check_call` with the names of the first shard's tensors (read, not
+        computed on), so that a call that cannot work fails once, before any shard runs.
+        A shard that cannot be read is left to its own run to report."""
+        if self.columns is not None:
+            return
+        try:
+            names = list(load_shard(path, trust_pickle=self.trust_pickle))
+        except ShardError:
+            return
+        self.check_call(names)
+
+
+def load_fn(spec: str) -> Callable[..., Any]:
+    """Import ``module:function`` for ``--fn`` (the function may be dotted)."""
+    return load_callable(spec, "--fn")
+
+
+def _unknown_args(fn: Callable[..., Any], given: Mapping[str, Any]) -> str | None:
+    sig = signature(fn)
+    if sig is None:
+        return None
+    try:
+        sig.bind_partial(**given)
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
+def _bound(spec: str, args: Mapping[str, Any]) -> Callable[..., Any]:
+    key = tuple(sorted(args.items()))
+    try:
+        return _bound_cached(spec, key)
+    except TypeError:  # an unhashable argument (a list): bind without the cache
+        fn = load_fn(spec)
+        return functools.partial(fn, **args) if args else fn
+
+
+@functools.lru_cache(maxsize=8)
+def _bound_cached(spec: str, args: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
+    fn = load_fn(spec)
+    return functools.partial(fn, **dict(args)) if args else fn
+
+
+def _json_number(value: bool | int | float) -> bool | int | float | str:
+    # JSON has no nan or inf (json.dumps would write a bare NaN that other readers
+    # refuse, and nan != nan would make --resume redo the shard forever)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    return value
