@@ -56,49 +56,49 @@ def run(
     """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it."""
     if not isinstance(progress, bool):
         raise TypeError(f"progress={progress!r} is not True or False")
-    if not progress:
-        return _run(ex, fn, rows, out, device, timeout, policy, returns, None)
-    bar = RowProgress(len(rows))
-    try:
-        return _run(ex, fn, rows, out, device, timeout, policy, returns, bar.advance)
-    finally:
-        bar.close()
-
-
-def _run(
-    ex: Executor,
-    fn: Callable[..., Any],
-    rows: Rows,
-    out: Any,
-    device: torch.device | None,
-    timeout: float | None,
-    policy: Policy,
-    returns: Returns,
-    progress: Callable[[int], None] | None,
-) -> Any:
     n = len(rows)
     given = _given(out, n, policy)
-    home = rows.device
-    bound_for_cuda = device is not None and device.type == "cuda" and home.type == "cpu"
-    staging = given
-    if given is not None and any(b.device != home for b in given.buffers):
-        if home.type != "cpu":
-            raise ConfigError(
-                f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
-            )
-        staging = given.like(pin=bound_for_cuda)
-    job = Job(fn, rows, staging, timeout, pin=bound_for_cuda, policy=policy, progress=progress)
-    result = given if n == 0 and given is not None else ex.run(job)
+    pin = device is not None and device.type == "cuda" and rows.device.type == "cpu"
+    bar = RowProgress(n) if progress else None
+    advance = bar.advance if bar is not None else None
+    staging = _staging(given, rows, device)
+    job = Job(fn, rows, staging, timeout, pin, policy=policy, progress=advance)
+    try:
+        result = given if n == 0 and given is not None else ex.run(job)
+    finally:
+        if bar is not None:
+            bar.close()
     if result is None:
         raise _no_shape(n, job.failures, policy)
-    twin = ex.batched_twin(fn)
     check_named(  # serial is the reference: the first batch of each function, once
-        ex, fn, rows, result, other_interpreter=ex.needs_processes, twin=twin,
-        failed=job.failures.rows(), stacklevel=6,  # the caller of map_rows / Pool.map_rows
+        ex, fn, rows, result, other_interpreter=ex.needs_processes, twin=ex.batched_twin(fn),
+        failed=job.failures.rows(), stacklevel=5,  # the caller of map_rows / Pool.map_rows
     )  # fmt: skip
     result.finish()
     if job.failures:
-        job.failures.warn(n, policy, stacklevel=7)  # the caller of map_rows / Pool.map_rows
+        job.failures.warn(n, policy, stacklevel=6)  # the caller of map_rows / Pool.map_rows
+    return _returned(job, result, given, device, returns)
+
+
+def _staging(given: Output | None, rows: Rows, device: torch.device | None) -> Output | None:
+    """Where the executor writes: ``out=`` itself, or a buffer on the batch's device
+    (pinned when a CUDA copy follows) that is copied into ``out=`` at the end."""
+    home = rows.device
+    if given is None or all(b.device == home for b in given.buffers):
+        return given
+    if home.type != "cpu":
+        raise ConfigError(
+            f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
+        )
+    return given.like(pin=device is not None and device.type == "cuda")
+
+
+def _returned(
+    job: Job, result: Output, given: Output | None, device: torch.device | None, returns: Returns
+) -> Any:
+    """What the call returns: the output in ``out=`` or on ``device``, and the lengths,
+    valid mask and errors asked for (``on_error='skip'`` keeps the valid rows)."""
+    n, policy = len(job.rows), job.policy
     lengths = result.lengths() if returns.lengths else None  # the rows' own, as written
     if given is not None and result is not given:
         result = copy_rows(given, result)
