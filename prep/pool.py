@@ -120,6 +120,8 @@ class Pool:
         ex = self._get(runnable_here(self.executor))
         if self._binder is not None:
             fn = self._binder.bind(fn)
+        # every entry (map_rows, a Pool's calls, Collate) calls this, and this run_batch:
+        # prep._batch still counts these frames for serial's check's warning
         return run_batch(ex, fn, rows, options)
 
     def imap(
