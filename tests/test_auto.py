@@ -547,6 +547,66 @@ def test_a_new_lambda_for_every_batch_does_not_pile_up(monkeypatch):
         assert len(pool._get("auto").choices()) == 5  # the newest five; older ones forgotten
 
 
+# ------------------------------------------------------------ the executor contract
+
+
+class InProcessPool(prep.executors.Executor):
+    """A stand-in for worker processes that has only the executor contract: auto must
+    weigh it, start it (prepare) and run it, never knowing its class."""
+
+    name = "processes"
+
+    def __init__(self, workers: int | None = None) -> None:
+        super().__init__(workers)
+        self.prepared: list[object] = []
+        self.runs = 0
+
+    def start_cost(self) -> float | None:
+        return 0.0 if self.prepared else 0.001
+
+    def prepare(self, fn, timeout=None) -> float:
+        self.prepared.append(fn)
+        return 0.001
+
+    def run(self, job):
+        self.runs += 1
+        job.run_range(job.start, len(job.rows))
+        return job.output
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="processes are left out on one core")
+def test_auto_starts_and_runs_any_executor_through_the_contract(monkeypatch):
+    from prep._rows import rows_of
+    from prep.executors import REGISTRY, Job
+
+    clock = [0.0]
+
+    def ms_row(row: torch.Tensor) -> torch.Tensor:  # int(): no vmap
+        clock[0] += 1e-3  # 1 ms a row on the clock calibration reads: exact anywhere
+        return row * 2 + 0 * int(row[0])
+
+    monkeypatch.setattr(prep.auto.Sample, "now", lambda self: clock[0])
+    made: dict[str, prep.executors.Executor] = {}
+
+    def executors(name: str) -> prep.executors.Executor:
+        if name not in made:
+            made[name] = (InProcessPool if name == "processes" else REGISTRY[name])(2)
+        return made[name]
+
+    x = torch.arange(64.0).view(64, 1)
+    with prep.auto.AutoExecutor(2, executors=executors) as auto:
+        job = Job(ms_row, rows_of(x))
+        out = auto.run(job)
+        (cal,) = auto.choices().values()
+    pool = made["processes"]
+    assert isinstance(pool, InProcessPool)
+    # 64 ms of rows, halved by two workers, pays 1 ms of start-up at once: the rest of
+    # the first batch ran on it, once it had loaded the function
+    assert pool.prepared == [ms_row] and pool.runs == 1, str(cal)
+    assert cal.processes_ready and cal.choice == "processes", str(cal)
+    assert torch.equal(out.result(), x * 2)
+
+
 # ------------------------------------------------------------ fallback and the loading probe
 
 
