@@ -24,18 +24,22 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._checks import call_problem, describe_callable
-from ._options import Options
+from ._options import CallOptions, Options
 from ._output import Result, flatten
 from ._rows import Rows, rows_of, samples_of
 from ._warn import warn
+from .errors import ConfigError
 from .executors import available_cores, in_worker_process, resolve_workers
 from .pool import Pool
 from .registry import AUTO, executor_class
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Collate"]
 
@@ -46,7 +50,9 @@ class Collate:
     ``fn(sample)`` turns one sample into a Tensor, a tuple or a dict of Tensors
     of the same shapes for every sample; the batch is their stack. With
     ``collate=`` (e.g. ``torch.utils.data.default_collate``) the samples are
-    collated first and ``fn`` runs on the rows of that batch (``map_rows``).
+    collated first and ``fn`` runs on the rows of that batch (``map_rows``). The
+    options are ``map_rows``'s (``pad=``, ``on_error=``, ``timeout=``, ``device=``,
+    ...), but ``out=``; ``device=`` and ``pin_memory=`` apply in the main process.
 
     >>> import torch, prep
     >>> pad = lambda s: torch.nn.functional.pad(s, (0, 4 - len(s)))
@@ -62,17 +68,10 @@ class Collate:
         *,
         executor: str = AUTO,
         workers: int | None = None,
-        device: Any = None,
         pin_memory: bool = False,
         collate: Callable[[list[Any]], Any] | None = None,
-        pad: Any = None,
-        pad_to: Any = None,
-        return_lengths: bool = False,
-        on_error: str = "raise",
-        fill: Any = None,
-        return_valid: bool = False,
-        return_errors: bool = False,
         setup: Callable[[], Any] | None = None,
+        **options: Unpack[CallOptions],
     ) -> None:
         if not callable(fn):
             raise TypeError(f"Collate needs a callable row function, got {fn!r}")
@@ -82,11 +81,13 @@ class Collate:
         self.workers = None if workers is None else resolve_workers(workers)
         self.pin_memory = pin_memory
         self.collate = collate
-        self.options = Options(  # checked here, not at the first batch
-            device=device, pad=pad, pad_to=pad_to, return_lengths=return_lengths,
-            on_error=on_error, fill=fill, return_valid=return_valid,
-            return_errors=return_errors,
-        )  # fmt: skip
+        self.options = Options.of("Collate", options)  # checked here, not at the first batch
+        if self.options.out is not None:
+            raise ConfigError(
+                "out= is one buffer, but a DataLoader hands you each batch while Collate "
+                "makes the next ones: they would overwrite it; drop out= (each batch gets "
+                "its own output)"
+            )
         self.setup = setup
         self._here = self.options  # as this process runs them (no device in a worker)
         self._pool: Pool | None = None

@@ -165,6 +165,7 @@ CALLS = {
     "Pool.map_samples": lambda **kw: POOL().map_samples(torch.neg, [torch.ones(2)], **kw),
     "Pool.imap": lambda **kw: POOL().imap(torch.neg, [torch.ones(2, 2)], **kw),
     "Pool.imap_samples": lambda **kw: POOL().imap_samples(torch.neg, [[1]], **kw),
+    "Collate": lambda **kw: prep.Collate(torch.neg, executor="serial", **kw)([torch.ones(2)]),
 }
 
 
@@ -191,11 +192,24 @@ def test_a_pools_device_and_timeout_are_each_calls_defaults():
             pool.map_rows(torch.neg, torch.ones(2, 2), timeout=-1)
 
 
-def test_collate_checks_its_options_when_made():
+def test_collate_checks_its_options_when_made_and_refuses_out():
     with pytest.raises(ValueError, match="on_error='drop'"):
         prep.Collate(torch.neg, on_error="drop")
     with pytest.raises(prep.ConfigError, match="device='nowhere' is not a torch device"):
         prep.Collate(torch.neg, device="nowhere")
+    with pytest.raises(prep.ConfigError, match="out= is one buffer"):
+        prep.Collate(torch.neg, out=torch.zeros(2, 2))
+
+
+def test_collate_takes_a_timeout_like_every_other_call():
+    """40 rows of at least 50 ms each under serial, which checks before every row: past
+    0.5 s whatever the machine's speed."""
+    collate = prep.Collate(rowfns.slow, executor="serial", timeout=0.5)
+    try:
+        with pytest.raises(prep.BatchTimeout):
+            collate([torch.ones(1)] * 40)
+    finally:
+        collate.close()
 
 
 # ------------------------------------------------------------------ one explain type
