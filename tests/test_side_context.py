@@ -106,11 +106,11 @@ def test_out_and_row_equal_loop(case: dict) -> None:
 
 def executor_params() -> list:
     marks = {
-        name: [pytest.mark.timeout(60)] if name in SLOW_EXECUTORS else [] for name in prep.executors
+        name: [pytest.mark.timeout(60)] if name in SLOW_EXECUTORS else [] for name in prep.EXECUTORS
     }
     # vmap cannot run this row function (it branches on the mask's values); see below
     return [
-        pytest.param(name, marks=marks[name]) for name in sorted(prep.executors) if name != "vmap"
+        pytest.param(name, marks=marks[name]) for name in sorted(prep.EXECUTORS) if name != "vmap"
     ]
 
 

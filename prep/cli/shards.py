@@ -181,12 +181,12 @@ def run(ns: argparse.Namespace) -> int:
 
 def _explain(ns: argparse.Namespace, config: RunConfig) -> int:
     try:
-        first, calibration = explain_first_shard(ns.inputs, config)
+        first, why = explain_first_shard(ns.inputs, config)
     finally:
         shutdown()
     print(f"{first}:")
     print(f"row options: {config.row_flags()}")
-    print(calibration)
+    print(why)
     return 0
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._explanation import Explanation
 from .._version import __version__
 from ..api import explain, map_rows
-from ..auto import Calibration
 from ..errors import Cancelled, RowError, ShardError
 from ..pool import Pool
 from .config import RunConfig
@@ -181,22 +181,22 @@ def _outputs(result: Any, config: RunConfig) -> tuple[dict[str, Tensor], dict[st
 
 def explain_first_shard(
     inputs: Iterable[str | os.PathLike[str]], config: RunConfig
-) -> tuple[Path, Calibration]:
+) -> tuple[Path, Explanation]:
     """The first shard under ``inputs`` and what ``executor="auto"`` measured and chose on it.
 
     The function of ``config`` is calibrated on that shard's batch, as
     :func:`prep.explain` does (``prep run --explain``); nothing is written.
-    ``print()`` the calibration for a few readable lines. With row-level options
-    (``pad``, ``on_row_error``...) the whole shard runs through an ``auto`` pool
-    with them, since :func:`prep.explain` takes none, and the pool's choice is
-    returned: the calibration then describes the run as it will be.
+    ``print()`` the :class:`~prep.Explanation` for a few readable lines. With
+    row-level options (``pad``, ``on_row_error``...) or ``setup`` the whole shard
+    runs through an ``auto`` pool with them, and the pool's explanation is
+    returned: it then describes the run as it will be.
 
     >>> import tempfile, prep.run
     >>> data = tempfile.mkdtemp()
     >>> _ = prep.run.make_shards(data, shards=1, rows=8, seq=6, dim=2)
     >>> config = prep.run.RunConfig("prep.ops:side_context_row", {"max_len": 3})
-    >>> path, calibration = prep.run.explain_first_shard([data], config)
-    >>> path.name, calibration.choice in prep.executors
+    >>> path, why = prep.run.explain_first_shard([data], config)
+    >>> path.name, why.choice in prep.EXECUTORS
     ('shard-00000.pt', True)
     """
     config.check_rows()
@@ -211,7 +211,7 @@ def explain_first_shard(
         return first, explain(fn, batch, workers=config.workers)
     with Pool("auto", config.workers, setup=config.setup_fn()) as pool:
         pool.map_rows(fn, batch, **options)
-        return first, pool.choices()[-1]
+        return first, pool.explain()
 
 
 def _stat(path: Path) -> tuple[int, int]:
