@@ -148,6 +148,8 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL) if not _gone(pids) else None
 
 
+# the thread settings differ from serial's on purpose: the workers' are capped
+@pytest.mark.filterwarnings("ignore:executor=.* computed row 0 of thread_settings")
 @pytest.mark.parametrize("executor", ["processes", "joblib"])
 def test_threads_per_worker_cap(no_leaks, executor):
     got = prep.map_rows(rowfns.thread_settings, torch.ones(4, 1), executor=executor, workers=2)
