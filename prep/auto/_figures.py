@@ -37,6 +37,11 @@ class EventLog:
     def __len__(self) -> int:
         return len(self._events)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EventLog) and self._events == other._events
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: equal by value, as a list
+
     def __repr__(self) -> str:
         return f"EventLog({self._events!r})"
 
