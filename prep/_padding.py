@@ -11,107 +11,35 @@ length would otherwise copy the output at every row), with one trim at the end
 when it grew past the longest row. A growth holds the old and the new buffer at
 once, so the peak stays under twice the output while growths are exact. Each
 row fills only its own padding; a row of the full size is one copy.
+
+Rows of 1-D results (token ids, say) into an output in this process's own memory
+skip the growing: their blocks are held as the row function returned them, and
+once every row has come that way each leaf is one ``pad_sequence``, as the loop
+a user would write does it (no growth, no second copy; the same peak, the rows
+and the output). Anything else (a 2-D row, a failed row, a worker's chunk, a
+fixed size) first writes what is held the growing way.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ._output import Output, Result, Spec, check_fits, flatten
+from ._pad_options import Number, Padding
 from .errors import StackError
+
+__all__ = ["Number", "Padding", "PaddedOutput", "allocate", "given_padded"]
 
 #: exact growths of a leaf before it grows by GROWTH at a time (a batch in random order
 #: has about ln(B) + 0.6 new longest rows: 6 at 256 rows, 8 at 1024)
 EXACT_GROWTHS = 16
 GROWTH = 1.25
-
-Number = bool | int | float
-
-
-@dataclass(frozen=True)
-class Padding:
-    """``pad=`` and ``pad_to=`` as given; :meth:`leaves` resolves them per leaf."""
-
-    pad: Any = None  # a number, or a structure like the result's of numbers
-    to: Any = None  # a shape, or a structure like the result's of shapes (None: the longest)
-
-    def __post_init__(self) -> None:
-        check_pad(self.pad)
-        check_pad_to(self.to)
-
-    def leaves(self, kind: str, keys: Sequence[str], n: int) -> list[tuple[Number, Any]]:
-        """(pad value, fixed size or None) of each of a result's ``n`` leaves; ``kind``
-        and ``keys`` are the result's structure (tensor, tuple, dict)."""
-        values = _per_leaf(self.pad, kind, keys, n, "pad", scalar=_is_number)
-        sizes = _per_leaf(self.to, kind, keys, n, "pad_to", scalar=_is_shape)
-        return list(zip(values, sizes))
-
-    def describe(self) -> str:
-        text = f"pad={self.pad!r}"
-        return text + (f", pad_to={self.to!r}" if self.to is not None else "")
-
-
-def check_pad(pad: Any) -> None:
-    if pad is None or _is_number(pad):
-        return
-    values = pad.values() if isinstance(pad, Mapping) else pad
-    if isinstance(pad, (Mapping, tuple, list)) and all(_is_number(v) for v in values):
-        return
-    raise TypeError(
-        f"pad={pad!r} is not a number, nor a dict or tuple of numbers like the row "
-        f"function's result; e.g. pad=0, or pad={{'ids': 1, 'mask': False}}"
-    )
-
-
-def check_pad_to(to: Any) -> None:
-    if to is None or _is_shape(to):
-        return
-    values = to.values() if isinstance(to, Mapping) else to
-    if isinstance(to, (Mapping, tuple, list)) and all(v is None or _is_shape(v) for v in values):
-        return
-    raise TypeError(
-        f"pad_to={to!r} is not a shape (a tuple of sizes >= 0), nor a dict or tuple of "
-        f"shapes like the row function's result; e.g. pad_to=(3, 224, 224)"
-    )
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (bool, int, float))
-
-
-def _is_shape(v: Any) -> bool:
-    return isinstance(v, (tuple, list, torch.Size)) and all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v
-    )
-
-
-def _per_leaf(given: Any, kind: str, keys: Sequence[str], n: int, name: str, scalar: Any) -> list:
-    if given is None or scalar(given):
-        return [None if given is None else (tuple(given) if name == "pad_to" else given)] * n
-    if kind == "dict" and isinstance(given, Mapping):
-        missing = [k for k in keys if k not in given]
-        if missing:
-            raise ValueError(
-                f"{name}={given!r} has no value for {missing}; give every key of the "
-                f"row function's result {list(keys)}, or one value for all"
-            )
-        values = [given[k] for k in keys]
-    elif kind == "tuple" and isinstance(given, (tuple, list)) and len(given) == n:
-        values = list(given)
-    else:
-        raise ValueError(
-            f"{name}={given!r} does not match the row function's result (a {kind} of {n} "
-            f"tensors); give one value for all of them, or one per result"
-        )
-    return [tuple(v) if name == "pad_to" and v is not None else v for v in values]
-
 
 # ---------------------------------------------------------------- in a buffer
 
@@ -192,15 +120,56 @@ class PaddedOutput(Output):
         self._sizes = [s.numpy() for s in self.sizes]  # the same memory: a row's write is cheap
         self.growths = [0] * len(buffers)
         self.failed: dict[int, Number | None] = {}  # row -> its fill (None: the pad)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        # blocks of 1-D rows not yet written: (buffer row, each row's leaves)
+        self.held: list[tuple[int, list[list[Tensor]]]] = []
+        self.holding = not shared and all(
+            b.dim() == 2 and not (b.device.type == "cpu" and b.is_pinned()) and to is None
+            for b, to in zip(buffers, self.fixed)
+        )
+
+    @property
+    def buffers(self) -> list[Tensor]:
+        """The leaves' buffers, with every held row in them."""
+        if self.held:
+            self.settle()
+        return self._buffers
+
+    @buffers.setter
+    def buffers(self, value: list[Tensor]) -> None:
+        self._buffers = value
 
     def __getstate__(self) -> dict[str, Any]:
+        self.settle()
         return {k: v for k, v in super().__getstate__().items() if k not in ("lock", "_sizes")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self._sizes = [s.numpy() for s in self.sizes]
+
+    def settle(self) -> None:
+        """Write the held rows: each leaf one ``pad_sequence`` if they are every row,
+        else block by block into the (growing) buffers."""
+        with torch.no_grad(), self.lock:
+            held, self.held = sorted(self.held, key=lambda h: h[0]), []
+            if not held:
+                return
+            covered = 0
+            for lo, rows in held:
+                covered = covered + len(rows) if lo == covered else -1
+            if covered == len(self._buffers[0]) and not self.failed:
+                for k, pad in enumerate(self.pads):
+                    column = [leaves[k] for _, rows in held for leaves in rows]
+                    self._buffers[k] = torch.nn.utils.rnn.pad_sequence(
+                        column, batch_first=True, padding_value=pad
+                    )
+                    self._sizes[k][:, 0] = [t.shape[0] for t in column]
+                return
+            self.holding = False  # rows came another way too: no longer worth holding
+            for lo, rows in held:
+                for k in range(len(self._buffers)):
+                    self._put_sequences(k, lo, [leaves[k] for leaves in rows])
 
     def head(self, stop: int) -> Output:
         return self  # a growth would leave a view behind: rows past ``stop`` are not run
@@ -218,6 +187,11 @@ class PaddedOutput(Output):
             rows.append(leaves)
         lo = start - self.offset
         with torch.no_grad(), self.lock:
+            if self.holding and self._holdable(rows):
+                self.held.append((lo, rows))
+                return
+            if self.held:
+                self.settle()
             if len(rows) > 1 and self._all_full(rows):  # one stack a leaf, as plain rows
                 for k, buf in enumerate(self.buffers):
                     torch.stack([leaves[k] for leaves in rows], out=buf[lo : lo + len(rows)])
@@ -226,10 +200,17 @@ class PaddedOutput(Output):
             for leaf_k in range(len(self.buffers)):
                 column = [leaves[leaf_k] for leaves in rows]
                 if len(column) > 1 and self._sequences(leaf_k, column):
-                    self._put_sequences(leaf_k, lo, column, start)
+                    self._put_sequences(leaf_k, lo, column)
                     continue
                 for k, leaf in enumerate(column):
                     self._put(leaf_k, lo + k, leaf, start + k)
+
+    def _holdable(self, rows: list[list[Tensor]]) -> bool:
+        return all(
+            leaf.dim() == 1 and leaf.dtype == buf.dtype
+            for leaves in rows
+            for leaf, buf in zip(leaves, self._buffers)
+        )
 
     def _sequences(self, k: int, column: list[Tensor]) -> bool:
         """Whether a block's rows of leaf ``k`` are 1-D (token ids, say) of its dtype and,
@@ -237,15 +218,15 @@ class PaddedOutput(Output):
         buf = self.buffers[k]
         if buf.dim() != 2 or not all(t.dim() == 1 and t.dtype == buf.dtype for t in column):
             return False
-        return self.fixed[k] is None or max(len(t) for t in column) <= buf.shape[1]
+        return self.fixed[k] is None or max(t.shape[0] for t in column) <= buf.shape[1]
 
-    def _put_sequences(self, k: int, lo: int, column: list[Tensor], start: int) -> None:
+    def _put_sequences(self, k: int, lo: int, column: list[Tensor]) -> None:
         """A block of 1-D rows: padded to the block's longest in one C++ loop (a block
         sized temporary), copied into the output, the rest of the width filled: three
         calls a block instead of three a row."""
-        lengths = [len(t) for t in column]
+        lengths = [t.shape[0] for t in column]
         longest = max(lengths)
-        buf = self.buffers[k]
+        buf = self._buffers[k]
         if longest > buf.shape[1]:
             buf = self._grow(k, (longest,))
         block = torch.nn.utils.rnn.pad_sequence(
@@ -369,6 +350,7 @@ class PaddedOutput(Output):
 
     def lengths(self) -> Result:
         """Each row's size per leaf: int64 ``[rows]`` for 1-D rows, ``[rows, dims]`` else."""
+        self.settle()
         return self.spec.unflatten([s[:, 0] if s.shape[1] == 1 else s for s in self.sizes])
 
 
