@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ._output import Output, Result, Spec, check_fits, flatten
+from ._pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
 from ._pad_options import Number, Padding
 from .errors import StackError
 
@@ -121,12 +122,8 @@ class PaddedOutput(Output):
         self.growths = [0] * len(buffers)
         self.failed: dict[int, Number | None] = {}  # row -> its fill (None: the pad)
         self.lock = threading.RLock()
-        # blocks of 1-D rows not yet written: (buffer row, each row's leaves)
-        self.held: list[tuple[int, list[list[Tensor]]]] = []
-        self.holding = not shared and all(
-            b.dim() == 2 and not (b.device.type == "cpu" and b.is_pinned()) and to is None
-            for b, to in zip(buffers, self.fixed)
-        )
+        self.held = HeldRows()  # blocks of 1-D rows not yet written
+        self.holding = HeldRows.may_hold(buffers, self.fixed)
 
     @property
     def buffers(self) -> list[Tensor]:
@@ -152,22 +149,16 @@ class PaddedOutput(Output):
         """Write the held rows: each leaf one ``pad_sequence`` if they are every row,
         else block by block into the (growing) buffers."""
         with torch.no_grad(), self.lock:
-            held, self.held = sorted(self.held, key=lambda h: h[0]), []
-            if not held:
+            blocks = self.held.take()
+            if not blocks:
                 return
-            covered = 0
-            for lo, rows in held:
-                covered = covered + len(rows) if lo == covered else -1
-            if covered == len(self._buffers[0]) and not self.failed:
+            if HeldRows.covers(blocks, len(self._buffers[0])) and not self.failed:
                 for k, pad in enumerate(self.pads):
-                    column = [leaves[k] for _, rows in held for leaves in rows]
-                    self._buffers[k] = torch.nn.utils.rnn.pad_sequence(
-                        column, batch_first=True, padding_value=pad
-                    )
-                    self._sizes[k][:, 0] = [t.shape[0] for t in column]
+                    self._buffers[k], lengths = HeldRows.padded(blocks, k, pad)
+                    self._sizes[k][:, 0] = lengths
                 return
             self.holding = False  # rows came another way too: no longer worth holding
-            for lo, rows in held:
+            for lo, rows in blocks:
                 for k in range(len(self._buffers)):
                     self._put_sequences(k, lo, [leaves[k] for leaves in rows])
 
@@ -187,62 +178,32 @@ class PaddedOutput(Output):
             rows.append(leaves)
         lo = start - self.offset
         with torch.no_grad(), self.lock:
-            if self.holding and self._holdable(rows):
-                self.held.append((lo, rows))
+            if self.holding and holdable(rows, self._buffers):
+                self.held.add(lo, rows)
                 return
             if self.held:
                 self.settle()
-            if len(rows) > 1 and self._all_full(rows):  # one stack a leaf, as plain rows
+            if len(rows) > 1 and all_full(rows, self._buffers):  # one stack a leaf, as plain rows
                 for k, buf in enumerate(self.buffers):
                     torch.stack([leaves[k] for leaves in rows], out=buf[lo : lo + len(rows)])
                     self._sizes[k][lo : lo + len(rows)] = buf.shape[1:]
                 return
             for leaf_k in range(len(self.buffers)):
                 column = [leaves[leaf_k] for leaves in rows]
-                if len(column) > 1 and self._sequences(leaf_k, column):
+                buf = self._buffers[leaf_k]
+                if len(column) > 1 and sequences_fit(buf, self.fixed[leaf_k], column):
                     self._put_sequences(leaf_k, lo, column)
                     continue
                 for k, leaf in enumerate(column):
                     self._put(leaf_k, lo + k, leaf, start + k)
 
-    def _holdable(self, rows: list[list[Tensor]]) -> bool:
-        return all(
-            leaf.dim() == 1 and leaf.dtype == buf.dtype
-            for leaves in rows
-            for leaf, buf in zip(leaves, self._buffers)
-        )
-
-    def _sequences(self, k: int, column: list[Tensor]) -> bool:
-        """Whether a block's rows of leaf ``k`` are 1-D (token ids, say) of its dtype and,
-        for a fixed size, fit it: then they go in with one ``pad_sequence``."""
-        buf = self.buffers[k]
-        if buf.dim() != 2 or not all(t.dim() == 1 and t.dtype == buf.dtype for t in column):
-            return False
-        return self.fixed[k] is None or max(t.shape[0] for t in column) <= buf.shape[1]
-
     def _put_sequences(self, k: int, lo: int, column: list[Tensor]) -> None:
-        """A block of 1-D rows: padded to the block's longest in one C++ loop (a block
-        sized temporary), copied into the output, the rest of the width filled: three
-        calls a block instead of three a row."""
-        lengths = [t.shape[0] for t in column]
-        longest = max(lengths)
+        longest = max(t.shape[0] for t in column)
         buf = self._buffers[k]
         if longest > buf.shape[1]:
             buf = self._grow(k, (longest,))
-        block = torch.nn.utils.rnn.pad_sequence(
-            column, batch_first=True, padding_value=self.pads[k]
-        )
-        rows = buf[lo : lo + len(column)]
-        rows.narrow(1, 0, longest).copy_(block)
-        if longest < buf.shape[1]:
-            rows.narrow(1, longest, buf.shape[1] - longest).fill_(self.pads[k])
-        self._sizes[k][lo : lo + len(column), 0] = lengths
-
-    def _all_full(self, rows: list[list[Tensor]]) -> bool:
-        return all(
-            leaf.shape == buf.shape[1:] and leaf.dtype == buf.dtype
-            for leaves in rows
-            for leaf, buf in zip(leaves, self.buffers)
+        self._sizes[k][lo : lo + len(column), 0] = pad_into(
+            buf[lo : lo + len(column)], column, self.pads[k]
         )
 
     def _put(self, k: int, j: int, leaf: Tensor, i: int) -> None:
@@ -257,7 +218,7 @@ class PaddedOutput(Output):
         size = tuple(leaf.shape)
         if any(s > c for s, c in zip(size, cap)):
             if self.fixed[k] is not None:
-                raise self._too_large(i, k, size)
+                raise too_large(i, size, self.fixed[k], self.where(k))
             buf = self._grow(k, size)
         row = buf[j]
         corner(row, size).copy_(leaf)
@@ -310,34 +271,18 @@ class PaddedOutput(Output):
                 cap = tuple(part.shape[1:])
                 if any(c > h for c, h in zip(cap, self.buffers[k].shape[1:])):
                     longest = tuple(sizes.amax(0).tolist()) if n else cap
-                    if self.fixed[k] is not None:
-                        # a fixed size (pad_to=, out=) never grows: out= would be left unfilled
-                        self._check_fixed(k, chunk.offset, sizes)
+                    if self.fixed[k] is None:
+                        self._grow(k, cap)
+                    else:  # a fixed size (pad_to=, out=) never grows: out= would be left unfilled
+                        j = first_over(sizes, self.buffers[k].shape[1:])
+                        if j is not None:
+                            size = sizes[j].tolist()
+                            raise too_large(chunk.offset + j, size, self.fixed[k], self.where(k))
                         part, cap = part[(slice(None), *box(longest))], longest
-                    else:
-                        self.buffers[k] = grown(self.buffers[k], cap, self.pads[k], self.growths[k])
-                        self.growths[k] += 1
                 rows = self.buffers[k][lo : lo + n]
                 rows[(slice(None), *box(cap))].copy_(part)
                 fill_outside(rows, cap, self.pads[k])
                 self.sizes[k][lo : lo + n] = sizes
-
-    def _check_fixed(self, k: int, offset: int, sizes: Tensor) -> None:
-        """The StackError a row of a worker's chunk larger than leaf ``k``'s fixed size
-        gets, as :meth:`_put` raises it for a row written here."""
-        limit = torch.tensor(self.buffers[k].shape[1:], dtype=sizes.dtype)
-        over = (sizes > limit).any(1).nonzero().flatten()
-        if len(over):
-            j = int(over[0])
-            raise self._too_large(offset + j, k, tuple(sizes[j].tolist()))
-
-    def _too_large(self, i: int, k: int, size: tuple[int, ...]) -> StackError:
-        fixed = self.fixed[k]
-        return StackError(
-            f"row {i} returned shape {size}{self.where(k)}, larger than the fixed "
-            f"{fixed} (pad_to= or out=); make it larger, or crop in the row "
-            f"function (prep never truncates a row)"
-        )
 
     def finish(self) -> None:
         """Trim each leaf to its longest row (after a growth past it), or to pad_to; a
@@ -352,6 +297,20 @@ class PaddedOutput(Output):
         """Each row's size per leaf: int64 ``[rows]`` for 1-D rows, ``[rows, dims]`` else."""
         self.settle()
         return self.spec.unflatten([s[:, 0] if s.shape[1] == 1 else s for s in self.sizes])
+
+
+def too_large(i: int, size: Sequence[int], fixed: object, where: str) -> StackError:
+    return StackError(
+        f"row {i} returned shape {tuple(size)}{where}, larger than the fixed {fixed} "
+        f"(pad_to= or out=); make it larger, or crop in the row function (prep never "
+        f"truncates a row)"
+    )
+
+
+def first_over(sizes: Tensor, limit: Sequence[int]) -> int | None:
+    """The first row of ``sizes`` (int64 ``[rows, dims]``) larger than ``limit`` in a dim."""
+    over = (sizes > torch.tensor(limit, dtype=sizes.dtype)).any(1).nonzero().flatten()
+    return int(over[0]) if len(over) else None
 
 
 def _zeros(shape: tuple[int, ...], shared: bool) -> Tensor:
