@@ -11,107 +11,36 @@ length would otherwise copy the output at every row), with one trim at the end
 when it grew past the longest row. A growth holds the old and the new buffer at
 once, so the peak stays under twice the output while growths are exact. Each
 row fills only its own padding; a row of the full size is one copy.
+
+Rows of 1-D results (token ids, say) into an output in this process's own memory
+skip the growing: their blocks are held as the row function returned them, and
+once every row has come that way each leaf is one ``pad_sequence``, as the loop
+a user would write does it (no growth, no second copy; the same peak, the rows
+and the output). Anything else (a 2-D row, a failed row, a worker's chunk, a
+fixed size) first writes what is held the growing way.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ._output import Output, Result, Spec, check_fits, flatten
+from ._pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
+from ._pad_options import Number, Padding
 from .errors import StackError
+
+__all__ = ["Number", "Padding", "PaddedOutput", "allocate", "given_padded"]
 
 #: exact growths of a leaf before it grows by GROWTH at a time (a batch in random order
 #: has about ln(B) + 0.6 new longest rows: 6 at 256 rows, 8 at 1024)
 EXACT_GROWTHS = 16
 GROWTH = 1.25
-
-Number = bool | int | float
-
-
-@dataclass(frozen=True)
-class Padding:
-    """``pad=`` and ``pad_to=`` as given; :meth:`leaves` resolves them per leaf."""
-
-    pad: Any = None  # a number, or a structure like the result's of numbers
-    to: Any = None  # a shape, or a structure like the result's of shapes (None: the longest)
-
-    def __post_init__(self) -> None:
-        check_pad(self.pad)
-        check_pad_to(self.to)
-
-    def leaves(self, kind: str, keys: Sequence[str], n: int) -> list[tuple[Number, Any]]:
-        """(pad value, fixed size or None) of each of a result's ``n`` leaves; ``kind``
-        and ``keys`` are the result's structure (tensor, tuple, dict)."""
-        values = _per_leaf(self.pad, kind, keys, n, "pad", scalar=_is_number)
-        sizes = _per_leaf(self.to, kind, keys, n, "pad_to", scalar=_is_shape)
-        return list(zip(values, sizes))
-
-    def describe(self) -> str:
-        text = f"pad={self.pad!r}"
-        return text + (f", pad_to={self.to!r}" if self.to is not None else "")
-
-
-def check_pad(pad: Any) -> None:
-    if pad is None or _is_number(pad):
-        return
-    values = pad.values() if isinstance(pad, Mapping) else pad
-    if isinstance(pad, (Mapping, tuple, list)) and all(_is_number(v) for v in values):
-        return
-    raise TypeError(
-        f"pad={pad!r} is not a number, nor a dict or tuple of numbers like the row "
-        f"function's result; e.g. pad=0, or pad={{'ids': 1, 'mask': False}}"
-    )
-
-
-def check_pad_to(to: Any) -> None:
-    if to is None or _is_shape(to):
-        return
-    values = to.values() if isinstance(to, Mapping) else to
-    if isinstance(to, (Mapping, tuple, list)) and all(v is None or _is_shape(v) for v in values):
-        return
-    raise TypeError(
-        f"pad_to={to!r} is not a shape (a tuple of sizes >= 0), nor a dict or tuple of "
-        f"shapes like the row function's result; e.g. pad_to=(3, 224, 224)"
-    )
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (bool, int, float))
-
-
-def _is_shape(v: Any) -> bool:
-    return isinstance(v, (tuple, list, torch.Size)) and all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in v
-    )
-
-
-def _per_leaf(given: Any, kind: str, keys: Sequence[str], n: int, name: str, scalar: Any) -> list:
-    if given is None or scalar(given):
-        return [None if given is None else (tuple(given) if name == "pad_to" else given)] * n
-    if kind == "dict" and isinstance(given, Mapping):
-        missing = [k for k in keys if k not in given]
-        if missing:
-            raise ValueError(
-                f"{name}={given!r} has no value for {missing}; give every key of the "
-                f"row function's result {list(keys)}, or one value for all"
-            )
-        values = [given[k] for k in keys]
-    elif kind == "tuple" and isinstance(given, (tuple, list)) and len(given) == n:
-        values = list(given)
-    else:
-        raise ValueError(
-            f"{name}={given!r} does not match the row function's result (a {kind} of {n} "
-            f"tensors); give one value for all of them, or one per result"
-        )
-    return [tuple(v) if name == "pad_to" and v is not None else v for v in values]
-
 
 # ---------------------------------------------------------------- in a buffer
 
@@ -192,15 +121,46 @@ class PaddedOutput(Output):
         self._sizes = [s.numpy() for s in self.sizes]  # the same memory: a row's write is cheap
         self.growths = [0] * len(buffers)
         self.failed: dict[int, Number | None] = {}  # row -> its fill (None: the pad)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        self.held = HeldRows()  # blocks of 1-D rows not yet written
+        self.holding = HeldRows.may_hold(buffers, self.fixed)
+
+    @property
+    def buffers(self) -> list[Tensor]:
+        """The leaves' buffers, with every held row in them."""
+        if self.held:
+            self.settle()
+        return self._buffers
+
+    @buffers.setter
+    def buffers(self, value: list[Tensor]) -> None:
+        self._buffers = value
 
     def __getstate__(self) -> dict[str, Any]:
+        self.settle()
         return {k: v for k, v in super().__getstate__().items() if k not in ("lock", "_sizes")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self._sizes = [s.numpy() for s in self.sizes]
+
+    def settle(self) -> None:
+        """Write the held rows: each leaf one ``pad_sequence`` if they are every row,
+        else block by block into the (growing) buffers."""
+        with torch.no_grad(), self.lock:
+            blocks = self.held.take()
+            if not blocks:
+                return
+            if HeldRows.covers(blocks, len(self._buffers[0])) and not self.failed:
+                for k, pad in enumerate(self.pads):
+                    self._buffers[k], lengths = HeldRows.padded(blocks, k, pad)
+                    self._sizes[k][:, 0] = lengths
+                return
+            self.holding = False  # rows came another way too: no longer worth holding
+            for lo, rows in blocks:
+                for k in range(len(self._buffers)):
+                    self._put_sequences(k, lo, [leaves[k] for leaves in rows])
 
     def head(self, stop: int) -> Output:
         return self  # a growth would leave a view behind: rows past ``stop`` are not run
@@ -218,50 +178,32 @@ class PaddedOutput(Output):
             rows.append(leaves)
         lo = start - self.offset
         with torch.no_grad(), self.lock:
-            if len(rows) > 1 and self._all_full(rows):  # one stack a leaf, as plain rows
+            if self.holding and holdable(rows, self._buffers):
+                self.held.add(lo, rows)
+                return
+            if self.held:
+                self.settle()
+            if len(rows) > 1 and all_full(rows, self._buffers):  # one stack a leaf, as plain rows
                 for k, buf in enumerate(self.buffers):
                     torch.stack([leaves[k] for leaves in rows], out=buf[lo : lo + len(rows)])
                     self._sizes[k][lo : lo + len(rows)] = buf.shape[1:]
                 return
             for leaf_k in range(len(self.buffers)):
                 column = [leaves[leaf_k] for leaves in rows]
-                if len(column) > 1 and self._sequences(leaf_k, column):
-                    self._put_sequences(leaf_k, lo, column, start)
+                buf = self._buffers[leaf_k]
+                if len(column) > 1 and sequences_fit(buf, self.fixed[leaf_k], column):
+                    self._put_sequences(leaf_k, lo, column)
                     continue
                 for k, leaf in enumerate(column):
                     self._put(leaf_k, lo + k, leaf, start + k)
 
-    def _sequences(self, k: int, column: list[Tensor]) -> bool:
-        """Whether a block's rows of leaf ``k`` are 1-D (token ids, say) of its dtype and,
-        for a fixed size, fit it: then they go in with one ``pad_sequence``."""
-        buf = self.buffers[k]
-        if buf.dim() != 2 or not all(t.dim() == 1 and t.dtype == buf.dtype for t in column):
-            return False
-        return self.fixed[k] is None or max(len(t) for t in column) <= buf.shape[1]
-
-    def _put_sequences(self, k: int, lo: int, column: list[Tensor], start: int) -> None:
-        """A block of 1-D rows: padded to the block's longest in one C++ loop (a block
-        sized temporary), copied into the output, the rest of the width filled: three
-        calls a block instead of three a row."""
-        lengths = [len(t) for t in column]
-        longest = max(lengths)
-        buf = self.buffers[k]
+    def _put_sequences(self, k: int, lo: int, column: list[Tensor]) -> None:
+        longest = max(t.shape[0] for t in column)
+        buf = self._buffers[k]
         if longest > buf.shape[1]:
             buf = self._grow(k, (longest,))
-        block = torch.nn.utils.rnn.pad_sequence(
-            column, batch_first=True, padding_value=self.pads[k]
-        )
-        rows = buf[lo : lo + len(column)]
-        rows.narrow(1, 0, longest).copy_(block)
-        if longest < buf.shape[1]:
-            rows.narrow(1, longest, buf.shape[1] - longest).fill_(self.pads[k])
-        self._sizes[k][lo : lo + len(column), 0] = lengths
-
-    def _all_full(self, rows: list[list[Tensor]]) -> bool:
-        return all(
-            leaf.shape == buf.shape[1:] and leaf.dtype == buf.dtype
-            for leaves in rows
-            for leaf, buf in zip(leaves, self.buffers)
+        self._sizes[k][lo : lo + len(column), 0] = pad_into(
+            buf[lo : lo + len(column)], column, self.pads[k]
         )
 
     def _put(self, k: int, j: int, leaf: Tensor, i: int) -> None:
@@ -276,7 +218,7 @@ class PaddedOutput(Output):
         size = tuple(leaf.shape)
         if any(s > c for s, c in zip(size, cap)):
             if self.fixed[k] is not None:
-                raise self._too_large(i, k, size)
+                raise too_large(i, size, self.fixed[k], self.where(k))
             buf = self._grow(k, size)
         row = buf[j]
         corner(row, size).copy_(leaf)
@@ -329,34 +271,18 @@ class PaddedOutput(Output):
                 cap = tuple(part.shape[1:])
                 if any(c > h for c, h in zip(cap, self.buffers[k].shape[1:])):
                     longest = tuple(sizes.amax(0).tolist()) if n else cap
-                    if self.fixed[k] is not None:
-                        # a fixed size (pad_to=, out=) never grows: out= would be left unfilled
-                        self._check_fixed(k, chunk.offset, sizes)
+                    if self.fixed[k] is None:
+                        self._grow(k, cap)
+                    else:  # a fixed size (pad_to=, out=) never grows: out= would be left unfilled
+                        j = first_over(sizes, self.buffers[k].shape[1:])
+                        if j is not None:
+                            size = sizes[j].tolist()
+                            raise too_large(chunk.offset + j, size, self.fixed[k], self.where(k))
                         part, cap = part[(slice(None), *box(longest))], longest
-                    else:
-                        self.buffers[k] = grown(self.buffers[k], cap, self.pads[k], self.growths[k])
-                        self.growths[k] += 1
                 rows = self.buffers[k][lo : lo + n]
                 rows[(slice(None), *box(cap))].copy_(part)
                 fill_outside(rows, cap, self.pads[k])
                 self.sizes[k][lo : lo + n] = sizes
-
-    def _check_fixed(self, k: int, offset: int, sizes: Tensor) -> None:
-        """The StackError a row of a worker's chunk larger than leaf ``k``'s fixed size
-        gets, as :meth:`_put` raises it for a row written here."""
-        limit = torch.tensor(self.buffers[k].shape[1:], dtype=sizes.dtype)
-        over = (sizes > limit).any(1).nonzero().flatten()
-        if len(over):
-            j = int(over[0])
-            raise self._too_large(offset + j, k, tuple(sizes[j].tolist()))
-
-    def _too_large(self, i: int, k: int, size: tuple[int, ...]) -> StackError:
-        fixed = self.fixed[k]
-        return StackError(
-            f"row {i} returned shape {size}{self.where(k)}, larger than the fixed "
-            f"{fixed} (pad_to= or out=); make it larger, or crop in the row "
-            f"function (prep never truncates a row)"
-        )
 
     def finish(self) -> None:
         """Trim each leaf to its longest row (after a growth past it), or to pad_to; a
@@ -369,7 +295,22 @@ class PaddedOutput(Output):
 
     def lengths(self) -> Result:
         """Each row's size per leaf: int64 ``[rows]`` for 1-D rows, ``[rows, dims]`` else."""
+        self.settle()
         return self.spec.unflatten([s[:, 0] if s.shape[1] == 1 else s for s in self.sizes])
+
+
+def too_large(i: int, size: Sequence[int], fixed: object, where: str) -> StackError:
+    return StackError(
+        f"row {i} returned shape {tuple(size)}{where}, larger than the fixed {fixed} "
+        f"(pad_to= or out=); make it larger, or crop in the row function (prep never "
+        f"truncates a row)"
+    )
+
+
+def first_over(sizes: Tensor, limit: Sequence[int]) -> int | None:
+    """The first row of ``sizes`` (int64 ``[rows, dims]``) larger than ``limit`` in a dim."""
+    over = (sizes > torch.tensor(limit, dtype=sizes.dtype)).any(1).nonzero().flatten()
+    return int(over[0]) if len(over) else None
 
 
 def _zeros(shape: tuple[int, ...], shared: bool) -> Tensor:

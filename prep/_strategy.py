@@ -12,10 +12,14 @@ the figures, so that it can be tested with figures of any machine.
 The figures are rates in rows per second, each the median over a few batches:
 
 - ``split``: a batch's rows over the time the pool took to run it;
-- ``whole``: ``workers`` times the rows one worker builds a second (its own
-  timing of each batch, so a slow consumer does not hide it), capped by the
-  rate at which the stream's thread takes finished batches in (receiving the
-  output, padding it, moving it to the device), which it does one at a time.
+- ``whole``: the rows a second while every worker was building a batch at once,
+  from the workers' own start and end times (so a slow consumer does not hide
+  it, and threads that take turns at the GIL show as such); where the workers
+  never ran together long enough to tell, ``workers`` times one worker's rate
+  for processes, and one worker's rate for threads (whether their rows share
+  the GIL was not seen, so no sharing is assumed). Capped by the rate at which
+  the stream's thread takes finished batches in (receiving the output, padding
+  it, moving it to the device), which it does one at a time.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ FLAVOUR = {
     "auto": "processes",
     "threads": "threads",
 }
+#: flavours whose workers share no lock (threads share the GIL)
+INDEPENDENT = frozenset({"processes"})
 #: whole must beat split by this factor to be chosen (split holds less memory per batch)
 MARGIN = 1.05
 
@@ -82,16 +88,26 @@ class StrategyFigures:
     split: float | None = None  # a batch split across the workers
     whole_worker: float | None = None  # one worker building a whole batch
     whole_take: float | None = None  # the stream's thread taking a finished batch in
-    whole_delivered: float | None = None  # whole batches delivered, by the clock
+    whole_together: float | None = None  # all the workers building batches at once
+    independent: bool = True  # workers that share no lock (processes, not threads)
+
+    @property
+    def whole_built(self) -> float | None:
+        """The rate at which the workers build whole batches: as seen while they all ran
+        at once, else one worker's rate scaled where the workers are independent."""
+        if self.whole_worker is None:
+            return None
+        if self.whole_together is not None:
+            return self.whole_together
+        return self.whole_worker * (self.workers if self.independent else 1)
 
     @property
     def whole(self) -> float | None:
-        """The stream's rate with whole batches: every worker busy, capped by the taking
-        and by what was delivered (workers share the cores with whatever else runs)."""
-        if self.whole_worker is None or self.whole_take is None:
+        """The stream's rate with whole batches: as built, capped by the taking."""
+        built = self.whole_built
+        if built is None or self.whole_take is None:
             return None
-        rates = [self.workers * self.whole_worker, self.whole_take, self.whole_delivered]
-        return min(r for r in rates if r is not None)
+        return min(built, self.whole_take)
 
 
 @dataclass(frozen=True)
@@ -110,11 +126,14 @@ def choose_strategy(
     if whole is None:
         return StrategyChoice("split", "whole batches were not measured")
     on = f" on {flavour}" if flavour else ""
-    detail = (
-        f"{f.workers} {flavour or 'workers'} x {f.whole_worker:,.0f} rows/s each, taken in "
-        f"at up to {f.whole_take:,.0f} rows/s"
-        + (f", delivered at {f.whole_delivered:,.0f}" if f.whole_delivered is not None else "")
-    )
+    who = flavour or "workers"
+    if f.whole_together is not None:
+        built = f"as {f.workers} {who} built batches at once"
+    elif f.independent:
+        built = f"{f.workers} x one worker's {f.whole_worker:,.0f}"
+    else:
+        built = f"one worker's {f.whole_worker:,.0f}: the {who} were never seen running together"
+    detail = f"{built}; taken in at up to {f.whole_take:,.0f} rows/s"
     if split is None:
         return StrategyChoice(
             "whole", f"whole batches{on}: {whole:,.0f} rows/s ({detail})", flavour
@@ -153,17 +172,23 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _delivered(deliveries: list[tuple[float, int, int]]) -> float | None:
-    """Rows a second delivered, from ``(at, rows, stream)``: within each stream, the rows
-    after its first delivery over the time since it (the gaps between streams are
-    not the workers' time)."""
-    rows, seconds = 0, 0.0
-    for stream in {s for _, _, s in deliveries}:
-        mine = [(at, n) for at, n, s in deliveries if s == stream]
-        if len(mine) > 1:
-            rows += sum(n for _, n in mine[1:])
-            seconds += mine[-1][0] - mine[0][0]
-    return rows / seconds if seconds > 0 else None
+def together(spans: list[tuple[float, float, int]], workers: int) -> float | None:
+    """Rows a second while at least ``workers`` of ``spans`` (``(start, end, rows)`` of
+    each batch, on one clock) ran at once: each batch's rows spread evenly over its
+    span, the rows built in those stretches over their length. None when they add up
+    to less than half a batch's median span (too little to tell)."""
+    if len(spans) < workers:
+        return None
+    edges = sorted({t for s, e, _ in spans for t in (s, e)})
+    seconds = rows = 0.0
+    for a, b in zip(edges, edges[1:]):
+        running = [n / (e - s) for s, e, n in spans if s <= a and e >= b and e > s]
+        if len(running) >= workers:
+            seconds += b - a
+            rows += sum(running) * (b - a)
+    if seconds <= 0 or seconds < 0.5 * statistics.median(e - s for s, e, _ in spans):
+        return None
+    return rows / seconds
 
 
 @dataclass
@@ -185,8 +210,8 @@ class StrategyPlan:
     take_rates: dict[str, list[float]] = field(default_factory=dict)
     submitted: dict[str, int] = field(default_factory=dict)  # split, and each flavour
     taken: dict[str, int] = field(default_factory=dict)  # whole batches taken, per flavour
-    # (at, rows, stream) of each timed whole batch, per flavour
-    deliveries: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
+    # (start, end, rows) of each timed whole batch as its worker saw it, per flavour
+    spans: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
     choice: StrategyChoice | None = None
     streams: int = 0  # the streams it has planned
     flavour: str = ""  # what builds the next whole batch
@@ -244,20 +269,21 @@ class StrategyPlan:
         busy: float | None,
         take: float,
         flavour: str = "",
-        at: float | None = None,
+        span: tuple[float, float] | None = None,
     ) -> None:
-        """A whole batch of ``rows`` delivered ``at`` (a perf_counter reading), which
-        its worker built in ``busy`` seconds and the stream took in ``take``."""
+        """A whole batch of ``rows``, which its worker built in ``busy`` seconds (from
+        ``span``'s start to its end, on the clock of ``time.monotonic``) and the stream
+        took in ``take``."""
         flavour = flavour or self.flavours[0]
         self.taken[flavour] = self.taken.get(flavour, 0) + 1
-        if self.taken[flavour] <= self.workers or not busy or take <= 0:
-            return
+        measuring = self.strategy == "auto" and self.choice is None
+        if not measuring or self.taken[flavour] <= self.workers or not busy or take <= 0:
+            return  # a worker's first batch pays its start; a choice made needs no more
         self.worker_rates.setdefault(flavour, []).append(rows / busy)
         self.take_rates.setdefault(flavour, []).append(rows / take)
-        if at is not None:
-            self.deliveries.setdefault(flavour, []).append((at, rows, self.streams))
-        done = all(len(self.worker_rates.get(f, ())) >= self.whole_trial for f in self.flavours)
-        if self.strategy == "auto" and self.choice is None and done:
+        if span is not None:
+            self.spans.setdefault(flavour, []).append((span[0], span[1], rows))
+        if all(len(self.worker_rates.get(f, ())) >= self.whole_trial for f in self.flavours):
             self.choice = choose_among(self.all_figures())
 
     def all_figures(self) -> dict[str, StrategyFigures]:
@@ -268,7 +294,8 @@ class StrategyPlan:
                 split,
                 _median(self.worker_rates.get(f, [])),
                 _median(self.take_rates.get(f, [])),
-                _delivered(self.deliveries.get(f, [])),
+                together(self.spans.get(f, []), self.workers),
+                f in INDEPENDENT,
             )
             for f in self.flavours
         }

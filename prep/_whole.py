@@ -91,10 +91,12 @@ class Delivery:
     def result(self) -> Any:
         t = time.perf_counter()
         value = self.finish(self.ticket)
-        at = time.perf_counter()
-        take = at - t + self.ticket.transfer
-        rows, busy = len(self.ticket.rows), self.ticket.busy
-        self.plan.whole_taken(rows, busy, take, self.flavour, at)
+        ticket = self.ticket
+        take = time.perf_counter() - t + ticket.transfer
+        span = ticket.span
+        if span is None and ticket.started is not None and ticket.busy:
+            span = (ticket.started, ticket.started + ticket.busy)  # a thread's own clock
+        self.plan.whole_taken(len(ticket.rows), ticket.busy, take, self.flavour, span)
         return value
 
     def cancel(self) -> None:

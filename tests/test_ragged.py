@@ -326,3 +326,66 @@ def test_out_elsewhere_keeps_pad_and_lengths():
         torch.arange, [2, 4, 1], executor="serial", pad=0, out=out, return_lengths=True
     )
     assert got is out and lengths.tolist() == [2, 4, 1]
+
+
+# ------------------------------------------------------------------ held rows
+
+
+def _held_output(rows: list[torch.Tensor], *, shared: bool = False):
+    from prep._padding import Padding, allocate
+
+    return allocate(rows[0], len(rows), padding=Padding(pad=-1), shared=shared)
+
+
+def test_one_dim_rows_are_held_then_padded_once_without_growing():
+    rows = [torch.arange(n) for n in (3, 7, 1, 9, 4)]
+    out = _held_output(rows)
+    out.write_block(2, rows[2:])  # blocks may come in any order (threads)
+    out.write_block(0, rows[:2])
+    assert out.holding and len(out.held) == 2  # nothing written yet
+    out.finish()
+    assert out.growths == [0] and not out.held
+    assert torch.equal(out.buffers[0], reference(rows, -1))
+    assert out.lengths().tolist() == [3, 7, 1, 9, 4]
+
+
+def test_held_rows_settle_the_growing_way_when_a_row_fails():
+    rows = [torch.arange(n) for n in (3, 7, 1, 9)]
+    out = _held_output(rows)
+    out.write_block(0, rows[:2])
+    out.fail(2, 5)  # a failed row: the held rows are written first
+    assert not out.held and not out.holding
+    out.write_block(3, rows[3:])
+    out.finish()
+    want = reference(rows, -1)
+    want[2] = 5
+    assert torch.equal(out.buffers[0], want)
+    assert out.lengths().tolist() == [3, 7, 0, 9]
+
+
+def test_held_rows_travel_when_the_output_is_pickled():
+    import pickle
+
+    rows = [torch.arange(n) for n in (2, 5, 3)]
+    out = _held_output(rows)
+    out.write_block(0, rows)
+    back = pickle.loads(pickle.dumps(out))
+    back.finish()
+    assert torch.equal(back.buffers[0], reference(rows, -1))
+
+
+def test_a_shared_output_is_never_held():
+    # another process reads shared memory without a word: every row must be in it
+    rows = [torch.arange(n) for n in (2, 5)]
+    out = _held_output(rows, shared=True)
+    out.write_block(0, rows)
+    assert not out.holding and not out.held
+    assert torch.equal(out.buffers[0], reference(rows, -1))
+
+
+def test_a_row_of_another_dtype_after_held_rows_names_it():
+    rows = [torch.arange(n) for n in (2, 5)]
+    out = _held_output(rows)
+    out.write_block(0, rows[:1])
+    with pytest.raises(prep.StackError, match="row 1 returned shape"):
+        out.write_block(1, [torch.ones(3)])

@@ -166,6 +166,18 @@ def test_at_most_prefetch_results_wait_and_prefetch_plus_one_are_alive(prefetch)
         _check_bounds(pool, prefetch)
 
 
+def producer_waits_in(names: set[str]) -> bool:
+    """Whether every stream producer thread is inside a function of ``names`` (or gone)."""
+    frames = sys._current_frames()
+    for t in threading.enumerate():
+        frame = frames.get(t.ident) if t.name == THREAD_NAME else None
+        while frame is not None and frame.f_code.co_name not in names:
+            frame = frame.f_back
+        if t.name == THREAD_NAME and t.is_alive() and frame is None:
+            return False
+    return True
+
+
 def _check_bounds(pool: prep.Pool, prefetch: int) -> None:
     n = 8
     source = Source(n)
@@ -192,7 +204,9 @@ def _check_bounds(pool: prep.Pool, prefetch: int) -> None:
         # while we hold batch k the producer fills every slot, and then waits
         target = min(n, k + 1 + prefetch)
         assert wait_until(lambda: source.pulled == target and live[0] == target - k)  # noqa: B023
-        assert not wait_until(lambda: source.pulled > target, timeout=0.1)  # noqa: B023
+        # once the producer waits for a slot (or to hand over the end), it cannot pull
+        assert wait_until(lambda: producer_waits_in({"reserve", "put"}))
+        assert source.pulled == target
         del out
         assert wait_until(lambda: live[0] == target - k - 1)  # noqa: B023
     with pytest.raises(StopIteration):

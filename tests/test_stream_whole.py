@@ -30,6 +30,7 @@ from prep._strategy import (
     check_strategy,
     choose_among,
     choose_strategy,
+    together,
 )
 from prep._stream import THREAD_NAME
 from tests import rowfns, statefns
@@ -578,7 +579,7 @@ def test_auto_tries_each_whole_flavour_and_keeps_the_fastest():
     assert order == ["split"] * 3 + ["whole on threads"] * each + ["whole on processes"] * each
     assert (plan.choice.strategy, plan.choice.flavour) == ("whole", "processes")
     assert re.search(
-        r"whole batches on processes: 16,000 rows/s .*on threads: 4,000", plan.describe()
+        r"whole batches on processes: 16,000 rows/s .*on threads: 2,000", plan.describe()
     )
     assert plan.next() == "whole" and plan.flavour == "processes"
 
@@ -591,15 +592,60 @@ def test_choose_among_flavours_from_injected_figures():
     assert (split.strategy, split.flavour) == ("split", "")
 
 
-def test_whole_is_capped_by_what_was_delivered():
-    # workers that each report 8,000 rows/s but, sharing the cores, delivered 9,000
-    f = StrategyFigures(2, split=10_000, whole_worker=8_000, whole_take=1e6, whole_delivered=9_000)
+def test_whole_is_rated_by_what_the_workers_built_together():
+    # workers that each report 8,000 rows/s but, sharing the cores, built 9,000 at once
+    f = StrategyFigures(2, split=10_000, whole_worker=8_000, whole_take=1e6, whole_together=9_000)
     assert f.whole == 9_000 and choose_strategy(f).strategy == "split"
-    plan = StrategyPlan("auto", workers=1)
-    plan.streams = 1
-    for k in range(5):  # one stream: a batch of 100 rows every 10 ms after the first
-        plan.whole_taken(100, busy=0.001, take=0.0001, at=1.0 + 0.01 * k)
-    plan.streams = 2  # the next stream, a minute later: the gap is not counted
-    for k in range(3):
-        plan.whole_taken(100, busy=0.001, take=0.0001, at=61.0 + 0.01 * k)
-    assert plan.figures().whole_delivered == pytest.approx(10_000)
+    assert "9,000 rows/s (as 2 workers built batches at once" in choose_strategy(f).reason
+
+
+def test_threads_never_seen_together_are_not_assumed_to_share_out_the_gil():
+    # the overlap job's trap: a slow training step let each thread run alone, at the
+    # serial rate; two of them may take turns at the GIL, so they count as one
+    threads = StrategyFigures(
+        2, split=10_000, whole_worker=9_000, whole_take=1e6, independent=False
+    )
+    assert threads.whole == 9_000 and choose_strategy(threads).strategy == "split"
+    assert "never seen running together" in choose_strategy(threads).reason
+    procs = StrategyFigures(2, split=10_000, whole_worker=9_000, whole_take=1e6)
+    assert procs.whole == 18_000
+    pick = choose_among({"threads": threads, "processes": procs})
+    assert (pick.strategy, pick.flavour) == ("whole", "processes")
+
+
+@pytest.mark.parametrize(
+    ("spans", "expected"),
+    [
+        # two batches of 100 rows over the same second: 200 rows/s together
+        ([(0.0, 1.0, 100), (0.0, 1.0, 100)], 200.0),
+        # turns at the GIL: each stretched to 2 s when together, 100 rows/s in all
+        ([(0.0, 2.0, 100), (0.0, 2.0, 100)], 100.0),
+        # one after the other: never together
+        ([(0.0, 1.0, 100), (1.0, 2.0, 100), (2.0, 3.0, 100)], None),
+        # together a tenth of a batch only: too little to tell
+        ([(0.0, 1.0, 100), (0.9, 1.9, 100)], None),
+        # together half the time: the rows built in that half, over it
+        ([(0.0, 1.0, 100), (0.5, 1.5, 100), (1.5, 2.5, 100)], 200.0),
+    ],
+)
+def test_the_together_rate_counts_only_the_stretches_all_workers_ran(spans, expected):
+    got = together(spans, workers=2)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_the_plan_rates_whole_batches_from_their_spans():
+    plan = StrategyPlan("auto", workers=2, flavours=("threads",))
+    for _ in range(plan.SPLIT_TRIAL):
+        plan.next()
+        plan.split_ran(100, 0.01)  # 10,000 rows/s
+    while plan.choice is None:  # pairs of batches running together, 20 ms each
+        plan.next()
+        start = 100.0 + 0.02 * (plan.taken.get("threads", 0) // 2)
+        span = (start, start + 0.02)
+        plan.whole_taken(100, busy=0.02, take=0.0001, flavour="threads", span=span)
+    assert plan.all_figures()["threads"].whole_together == pytest.approx(10_000)
+    assert plan.choice.strategy == "split"  # 10,000 together: no better than splitting
+    taken = dict(plan.taken)
+    plan.whole_taken(100, busy=0.02, take=0.0001, flavour="threads", span=(200.0, 200.02))
+    assert len(plan.spans["threads"]) == plan.whole_trial  # chosen: nothing more is kept
+    assert plan.taken["threads"] == taken["threads"] + 1

@@ -59,6 +59,8 @@ class Ticket:
         self.rows, self.policy, self.timeout = rows, policy, timeout
         self.started: float | None = None  # when its worker could start it
         self.busy: float | None = None  # seconds its worker took
+        # when its worker began and ended it, by time.monotonic (where not started..busy)
+        self.span: tuple[float, float] | None = None
         self.transfer = 0.0  # seconds the parent took to receive it (unpickling, mapping)
         self.crashed = False  # its worker died on it (the caller may isolate its rows)
         self.cancelled = False
@@ -290,6 +292,7 @@ class ProcessBatches:
         if ticket.cancelled:
             return  # read, so its shared memory is released; nobody wants it
         ticket.busy, ticket.transfer = (t1 - t0 if t1 else None), transfer
+        ticket.span = (t0, t1) if t1 else None
         value, error = value_of(reply, self._fns.get(ticket.key, (None,))[0])
         ticket.resolve(value, error)
 
