@@ -235,6 +235,14 @@ def test_explain_returns_an_explanation_everywhere():
     assert str(after).splitlines()[-1].strip() == f"choice: {after.choice}"
 
 
+def test_no_field_of_a_calibration_is_hidden_by_a_str_method():
+    """An Explanation is a str: a Calibration field that str also has would read as
+    the str's, not the calibration's."""
+    fields = {f.name for f in dataclasses.fields(prep.auto.Calibration)}
+    public = {n for n in dir(prep.auto.Calibration) if not n.startswith("_")}
+    assert not (fields | public) & set(dir(str))
+
+
 # ------------------------------------------------------------------ names
 
 
