@@ -72,11 +72,11 @@ def run(
         raise _no_shape(n, job.failures, policy)
     check_named(  # serial is the reference: the first batch of each function, once
         ex, fn, rows, result, other_interpreter=ex.needs_processes, twin=ex.batched_twin(fn),
-        failed=job.failures.rows(), stacklevel=5,  # the caller of map_rows / Pool.map_rows
+        failed=job.failures.rows(),
     )  # fmt: skip
     result.finish()
     if job.failures:
-        job.failures.warn(n, policy, stacklevel=6)  # the caller of map_rows / Pool.map_rows
+        job.failures.warn(n, policy)
     return _returned(job, result, given, device, returns)
 
 

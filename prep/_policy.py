@@ -99,10 +99,9 @@ class Failures:
         with self._lock:
             return sorted(self.errors)
 
-    def warn(self, rows: int, policy: Policy, stacklevel: int | None = None) -> None:
-        """One warning a call: how many rows, the first failing row and its error. It
-        points at the user's line (:func:`prep._warn.warn`), whatever ``stacklevel``
-        a caller still passes: a count of prep's frames is right on one path only."""
+    def warn(self, rows: int, policy: Policy) -> None:
+        """One warning a call: how many rows, the first failing row and its error, at
+        the user's line (:func:`prep._warn.warn`)."""
         first = min(self.errors)
         what = "filled" if policy.on_error == "fill" else "left out"
         warn(

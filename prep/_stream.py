@@ -46,7 +46,6 @@ import contextlib
 import functools
 import queue
 import threading
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -54,9 +53,10 @@ from typing import Any, Protocol
 
 import torch
 
+from ._warn import warn
 from .errors import ConfigError
 
-__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Ran", "Stream", "Ticket", "check_prefetch"]
+__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Ran", "Stream", "Handle", "check_prefetch"]
 
 THREAD_NAME = "prep-imap"
 #: seconds :meth:`Stream.close` waits for a batch in flight to finish
@@ -160,7 +160,7 @@ class _Link:
                 return
 
 
-class Ticket(Protocol):
+class Handle(Protocol):
     """A batch handed over: :meth:`wait` for it, then take its :meth:`result`."""
 
     def done(self) -> bool: ...
@@ -198,7 +198,7 @@ class Ran:
 
 
 def _produce(
-    submit: Callable[[Any], Ticket], batches: Iterator[Any], link: _Link, state: _TorchState
+    submit: Callable[[Any], Handle], batches: Iterator[Any], link: _Link, state: _TorchState
 ) -> None:
     """The producer thread's life: every batch until they end, one fails or the consumer
     stops; an error goes to the consumer, which raises it in its place."""
@@ -209,14 +209,14 @@ def _produce(
         link.put(_ERROR, exc)
 
 
-def _run_batches(submit: Callable[[Any], Ticket], batches: Iterator[Any], link: _Link) -> None:
+def _run_batches(submit: Callable[[Any], Handle], batches: Iterator[Any], link: _Link) -> None:
     """Keep up to a slot's worth of batches submitted; hand their results over in order.
 
     Each turn does the first of: deliver the oldest batch if it is done; pull and
     submit one more if a slot is free; wait a little for the oldest. So a batch run
     in this thread (:class:`Ran`) is delivered before the next one is pulled, and
     batches run elsewhere keep every slot busy."""
-    pending: deque[Ticket] = deque()
+    pending: deque[Handle] = deque()
     ended = False
     try:
         while not link.stop.is_set():
@@ -249,7 +249,7 @@ def _run_batches(submit: Callable[[Any], Ticket], batches: Iterator[Any], link: 
             ticket.cancel()
 
 
-def _deliver(ticket: Ticket, link: _Link) -> bool:
+def _deliver(ticket: Handle, link: _Link) -> bool:
     """The batch's result (or its error, which ends the stream) to the consumer."""
     try:
         result = ticket.result()
@@ -282,7 +282,7 @@ class Stream(Iterator[Any]):
         call: Callable[[Any], Any],
         batches: Iterable[Any],
         prefetch: int = 2,
-        submit: Callable[[Any], Ticket] | None = None,
+        submit: Callable[[Any], Handle] | None = None,
     ) -> None:
         self.prefetch = check_prefetch(prefetch)
         self._call = call
@@ -354,12 +354,10 @@ class Stream(Iterator[Any]):
         if thread is not threading.current_thread():  # the collector may run anywhere
             thread.join(timeout)
             if thread.is_alive():
-                warnings.warn(
+                warn(
                     f"the {THREAD_NAME} thread's batch did not finish within {timeout} s "
                     f"of close(); it stops once that batch is done (a batch cannot be "
-                    f"interrupted safely; a pool's timeout= bounds it)",
-                    RuntimeWarning,
-                    stacklevel=2,
+                    f"interrupted safely; a pool's timeout= bounds it)"
                 )
         self._link.drain()
 

@@ -29,7 +29,6 @@ import copy
 import json
 import math
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from ._identity import identity
 from ._output import Output, Spec, flatten
 from ._rows import Rows, SampleRows, TensorRows
 from ._state import WithState
+from ._warn import warn
 
 #: rows a probe keeps: a few rows once per function (a first batch has tens or more)
 ROWS = 2
@@ -247,7 +247,6 @@ def check_named(
     other_interpreter: bool,
     twin: Any = None,
     failed: Collection[int] = (),
-    stacklevel: int = 2,
 ) -> str | None:
     """For an executor the user named: on the first batch of each function, compare a
     few of its rows with serial's here; warn once on a mismatch (and return the
@@ -280,7 +279,7 @@ def check_named(
             f"executor={name!r} computed row {row} of {fname} differently from serial "
             f"in this process. {causes(name)}"
         )
-    warnings.warn(text, RuntimeWarning, stacklevel=stacklevel + 1)
+    warn(text)  # at the user's line, on every path (imap's thread included)
     return text
 
 

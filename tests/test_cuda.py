@@ -14,7 +14,7 @@ pytestmark = [
     pytest.mark.timeout(120),
 ]
 
-EXECUTORS = sorted(prep.executors) + ["auto"]
+EXECUTORS = sorted(prep.EXECUTORS)
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)

@@ -27,7 +27,7 @@ from tests import rowfns
 
 pytestmark = pytest.mark.timeout(240)
 
-EXECUTORS = sorted(prep.executors)
+EXECUTORS = sorted(prep.EXECUTORS)
 #: what an error must mention to count as naming the argument to change
 NAMES = ("pad", "fill", "out=", "on_error", "timeout", "executor", "batch", "samples",
          "row function", "vmap", "row ")  # fmt: skip

@@ -26,7 +26,7 @@ from prep.bench.alternatives import against_peers
 from prep.bench.command import add_parser, grid_from
 from prep.bench.libraries import LIBRARY_WORKLOADS
 from prep.bench.peer_loaders import _new_threads_default
-from prep.bench.peer_pools import Rows
+from prep.bench.peer_pools import PeerRows
 from prep.bench.peers import PEERS, available, first_call, session
 from prep.bench.verify import check
 from prep.bench.workloads import WORKLOADS
@@ -76,7 +76,7 @@ def test_each_peer_matches_serial(name: str, forkserver: None, no_leaks: None) -
         pytest.skip(MISSING[name])
     pairs = (torch.randn(12, 5, 3), torch.randn(12, 5, 3))
     fresh = (torch.randn(12, 5, 3), torch.randn(12, 5, 3))
-    pool = PEERS[name].pool(Rows(rowfns.pair, samples=False, keywords=False), workers=2)
+    pool = PEERS[name].pool(PeerRows(rowfns.pair, samples=False, keywords=False), workers=2)
     try:
         assert same(pool.run(pairs), serial(rowfns.pair, pairs))
         # warm: the same pool, a new batch (the DataLoader refills its shared rows)
@@ -85,7 +85,7 @@ def test_each_peer_matches_serial(name: str, forkserver: None, no_leaks: None) -
         pool.close()
     text_re = LIBRARY_WORKLOADS["text_re"]
     texts = text_re.batch(10)
-    pool = PEERS[name].pool(Rows(text_re.fn, samples=True, keywords=False), workers=2)
+    pool = PEERS[name].pool(PeerRows(text_re.fn, samples=True, keywords=False), workers=2)
     try:
         assert same(pool.run(texts), serial(text_re.fn, texts, samples=True))
     finally:
@@ -96,7 +96,7 @@ def test_each_peer_matches_serial(name: str, forkserver: None, no_leaks: None) -
 @pytest.mark.parametrize("name", ["mp_pool", "dataloader", "cf_threads"])
 def test_a_dict_batch_goes_by_keyword(name: str, forkserver: None, no_leaks: None) -> None:
     batch = {"x": torch.randn(9, 4), "y": torch.randn(9, 4)}
-    pool = PEERS[name].pool(Rows(rowfns.named, samples=False, keywords=True), workers=2)
+    pool = PEERS[name].pool(PeerRows(rowfns.named, samples=False, keywords=True), workers=2)
     try:
         got, want = pool.run(batch), serial(rowfns.named, batch)
     finally:
@@ -110,7 +110,7 @@ def test_closing_a_pool_twice_is_harmless_started_or_not(forkserver: None, no_le
     """An unstarted pool closes without starting anything, stays usable, and a started
     one closed twice leaves no worker (``no_leaks`` waits for them to be gone)."""
     before = set(pool_children())
-    pool = PEERS["mp_pool"].pool(Rows(rowfns.identity, samples=False, keywords=False), 2)
+    pool = PEERS["mp_pool"].pool(PeerRows(rowfns.identity, samples=False, keywords=False), 2)
     pool.close()
     pool.close()
     assert set(pool_children()) == before

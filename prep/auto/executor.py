@@ -21,12 +21,12 @@ choices are remembered for later interpreters (:mod:`.wisdom`).
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from .._output import Output
 from .._rowwise import twin_of
+from .._warn import warn
 from ..errors import ExecutorUnavailable
 from ..executors import REGISTRY, Executor, Job, in_worker_process
 from ._decisions import Decisions
@@ -188,9 +188,7 @@ class AutoExecutor(Executor):
             first = name not in self._warned
             self._warned.add(name)
         if first:
-            warnings.warn(
+            warn(
                 f"executor='auto' chose {name!r}, which cannot run here ({exc}); using "
-                f"{cal.choice!r} instead (prep.explain / Pool.explain() say why)",
-                RuntimeWarning,
-                stacklevel=4,
+                f"{cal.choice!r} instead (prep.explain / Pool.explain() say why)"
             )

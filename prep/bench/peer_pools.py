@@ -51,7 +51,7 @@ __all__ = [
     "MpPool",
     "Mpire",
     "PeerPool",
-    "Rows",
+    "PeerRows",
     "SharedInputs",
     "chunk_size",
     "shared_copy",
@@ -75,7 +75,7 @@ def call_with_keywords(
 
 
 @dataclass(frozen=True)
-class Rows:
+class PeerRows:
     """How one group's batch becomes argument tuples, and what to call on each.
 
     A dict batch passes its columns by keyword: then each item is ``(args, kwargs)``
@@ -131,7 +131,7 @@ def forkserver() -> Any:
 class PeerPool:
     """One peer tool's pool for one group: started by the first :meth:`run`, then warm."""
 
-    def __init__(self, rows: Rows, workers: int) -> None:
+    def __init__(self, rows: PeerRows, workers: int) -> None:
         self.rows = rows
         self.workers = workers
         self.threads = max(1, available_cores() // workers)

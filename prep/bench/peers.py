@@ -46,7 +46,7 @@ from typing import Any
 
 from .libraries import is_samples, missing
 from .peer_loaders import DataLoaderPeer, TorchdataPeer, TorchdataProcesses
-from .peer_pools import CfProcesses, CfThreads, JoblibLoky, Mpire, MpPool, PeerPool, Rows
+from .peer_pools import CfProcesses, CfThreads, JoblibLoky, Mpire, MpPool, PeerPool, PeerRows
 from .workloads import Workload
 
 __all__ = ["FIRST", "NOTES", "PEERS", "Peer", "PeerGroup", "available", "first_call", "session"]
@@ -144,7 +144,7 @@ class PeerGroup:
 
     def __init__(self, names: Sequence[str], workload: Workload, batch: Any, workers: int):
         ok, self.skipped = available(names)
-        rows = Rows(workload.fn, is_samples(workload), isinstance(batch, dict))
+        rows = PeerRows(workload.fn, is_samples(workload), isinstance(batch, dict))
         self._pools = {name: PEERS[name].pool(rows, workers) for name in ok}
         self._batch = batch
 

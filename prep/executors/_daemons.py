@@ -21,7 +21,7 @@ import torch
 
 T = TypeVar("T")
 #: a pool's task: anything its threads take from the queue (None tells one to stop)
-Task = TypeVar("Task")
+Item = TypeVar("Item")
 
 _DEFAULT_LOCK = threading.Lock()
 
@@ -62,7 +62,7 @@ def on_intra_op_threads(fn: Callable[[], T], intra: int) -> T:
     return box[0]
 
 
-class DaemonThreads(Generic[Task]):
+class DaemonThreads(Generic[Item]):
     """``workers`` daemon threads serving one queue of tasks; ``None`` stops one.
 
     Subclasses start their threads (each a daemon, so a stuck one never blocks
@@ -70,7 +70,7 @@ class DaemonThreads(Generic[Task]):
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._tasks: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
         self._threads: list[Any] = []
         self._lock = threading.Lock()
 

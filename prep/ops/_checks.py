@@ -13,8 +13,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .._pad_options import Number
+
 Side = Literal["left", "right"]
-Number = int | float | bool
 
 __all__ = [
     "Number",
