@@ -213,14 +213,16 @@ def _run_batches(submit: Callable[[Any], Handle], batches: Iterator[Any], link: 
     """Keep up to a slot's worth of batches submitted; hand their results over in order.
 
     Each turn does the first of: deliver the oldest batch if it is done; pull and
-    submit one more if a slot is free; wait a little for the oldest. So a batch run
-    in this thread (:class:`Ran`) is delivered before the next one is pulled, and
-    batches run elsewhere keep every slot busy."""
+    submit one more if a slot is free; wait a little, for a slot if the consumer
+    has results to take (it frees one when it takes one: a worker must not idle
+    then, while this thread waits for the oldest batch), else for the oldest. So a
+    batch run in this thread (:class:`Ran`) is delivered before the next one is
+    pulled, and batches run elsewhere keep every slot busy."""
     pending: deque[Handle] = deque()
     ended = False
     try:
         while not link.stop.is_set():
-            if pending and pending[0].done():
+            if pending and pending[0].wait(0):  # done (a reply already there is read)
                 if not _deliver(pending.popleft(), link):
                     return
             elif not ended and (link.try_reserve() if pending else link.reserve()):
@@ -238,6 +240,9 @@ def _run_batches(submit: Callable[[Any], Handle], batches: Iterator[Any], link: 
                     return
                 pending.append(submit(batch))
                 del batch  # the ticket holds what it needs: memory stays bounded by slots
+            elif pending and not link.results.empty():
+                if link.slots.acquire(timeout=POLL):
+                    link.slots.release()  # the next turn takes it, after delivering
             elif pending:
                 pending[0].wait(POLL)
             else:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import prep
-from prep._stream import THREAD_NAME, Stream
+from prep._stream import THREAD_NAME, Ran, Stream
 from tests import rowfns
 from tests.conftest import wait_until
 
@@ -539,3 +539,48 @@ def test_stopping_cancels_every_batch_in_flight(how):
     assert wait_until(lambda: not producers())
     assert {("cancel", k) for k in (1, 2, 3)} <= set(tickets.log)
     assert ("submit", 4) not in tickets.log
+
+
+class _Gate:
+    """A batch run elsewhere that is done when the test opens it. Its ``wait`` overstays
+    any timeout but 0, so a producer that waits on it is stuck there, for all to see."""
+
+    def __init__(self, value: object) -> None:
+        self.value, self.opened = value, threading.Event()
+
+    def done(self) -> bool:
+        return self.opened.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout != 0:
+            self.opened.wait()
+        return self.done()
+
+    def result(self) -> object:
+        self.opened.wait()
+        return self.value
+
+    def cancel(self) -> None:
+        self.opened.set()
+
+
+@pytest.mark.timeout(60)
+def test_while_results_wait_the_producer_waits_for_a_slot_not_for_the_oldest_batch():
+    # batch 1 runs elsewhere and is slow; batch 0 was done at once and waits for the
+    # consumer. When the consumer takes it, a slot frees: batch 2 must go to a worker
+    # then, not once batch 1 is done (a worker would idle meanwhile)
+    gate = _Gate(1)
+    pulled: list[int] = []
+
+    def submit(batch: int) -> object:
+        pulled.append(batch)
+        return gate if batch == 1 else Ran(value=batch)
+
+    stream = Stream(lambda b: b, iter(range(4)), prefetch=2, submit=submit)
+    try:
+        assert next(stream) == 0
+        assert wait_until(lambda: pulled == [0, 1, 2]), pulled
+        assert not gate.done()
+    finally:
+        gate.opened.set()
+    assert list(stream) == [1, 2, 3]

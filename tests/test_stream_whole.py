@@ -649,3 +649,37 @@ def test_the_plan_rates_whole_batches_from_their_spans():
     plan.whole_taken(100, busy=0.02, take=0.0001, flavour="threads", span=(200.0, 200.02))
     assert len(plan.spans["threads"]) == plan.whole_trial  # chosen: nothing more is kept
     assert plan.taken["threads"] == taken["threads"] + 1
+
+
+def hold_row_one_until(path: str, row: torch.Tensor) -> torch.Tensor:
+    """Row 1 waits (30 s at most) until ``path`` exists: a batch the test holds."""
+    end = time.monotonic() + 30
+    while int(row[0]) == 1 and not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.01)
+    return row * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_goes_to_the_worker_that_is_free_even_before_its_reply_is_read(tmp_path):
+    import functools
+
+    from prep._whole import policy_of
+    from prep.executors._batches import ProcessBatches
+
+    release = tmp_path / "release"
+    fn = functools.partial(hold_row_one_until, str(release))
+    workers = ProcessBatches(2)
+    try:
+        key = workers.prepare(fn)
+        policy = policy_of({})
+        held = workers.submit(key, prep._rows.rows_of(torch.ones(2, 1)), policy, None)
+        quick = workers.submit(key, prep._rows.rows_of(torch.zeros(2, 1)), policy, None)
+        assert held.lane is not quick.lane
+        # the quick batch's reply waits in its pipe, unread: its worker is free all the same
+        assert wait_until(lambda: quick.lane.worker.conn.poll())
+        after = workers.submit(key, prep._rows.rows_of(torch.full((2, 1), 3.0)), policy, None)
+        assert after.wait(60) and not held.done()  # it did not queue behind the held batch
+        assert torch.equal(after.result()[0].buffers[0], torch.full((2, 1), 6.0))
+    finally:
+        release.touch()
+        workers.close()

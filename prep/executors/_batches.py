@@ -232,9 +232,30 @@ class ProcessBatches:
         ticket.key = key  # resent with it after a crash
         with self._lock:
             self._ensure_started()
-            lane = min(self._lanes, key=lambda lane: len(lane.tickets))
+            self._read_ready()
+            # the fewest batches in hand; of those, the one whose current batch began first
+            lane = min(
+                self._lanes,
+                key=lambda lane: (
+                    len(lane.tickets),
+                    (lane.tickets[0].started or 0.0) if lane.tickets else 0.0,
+                ),
+            )
             self._send(lane, ticket)
         return ticket
+
+    def _read_ready(self) -> None:
+        """Read the replies already waiting on every worker's pipe (never waits), so that
+        a batch done but not yet asked for does not count as work in hand."""
+        for lane in list(self._lanes):
+            while lane.tickets and lane.worker.conn.poll():
+                t = time.perf_counter()
+                try:
+                    msg = _fdpipe.recv(lane.worker.conn)
+                except (EOFError, OSError, RuntimeError):  # as pump() handles it
+                    self._lost(lane)
+                    break
+                self._receive(lane, msg, time.perf_counter() - t)
 
     def _send(self, lane: _Lane, ticket: Ticket) -> None:
         key = ticket.key
