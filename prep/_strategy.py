@@ -193,8 +193,9 @@ def together(spans: list[tuple[float, float, int]], workers: int) -> float | Non
 
 @dataclass
 class StrategyPlan:
-    """Which strategy each batch of one stream takes. Fixed, or ``auto``: the first
-    batches split (the first one untimed: auto's calibration, a pool's start), then
+    """Which strategy each batch of one stream takes. Fixed, or ``auto``: batches
+    split, untimed, while any flavour's workers start; then a few split (the first
+    one untimed: auto's calibration, a pool's start), then
     whole batches on each of ``flavours`` in turn (the first ``workers`` of each
     untimed: each worker's start and setup=), then :func:`choose_among` on the
     medians, kept for the rest of the stream. A pool keeps one plan per function and
@@ -215,6 +216,7 @@ class StrategyPlan:
     choice: StrategyChoice | None = None
     streams: int = 0  # the streams it has planned
     flavour: str = ""  # what builds the next whole batch
+    timed: bool = True  # whether the batch of the last next() counts towards the trial
 
     def __post_init__(self) -> None:
         self.flavour = self.flavours[0]
@@ -227,34 +229,36 @@ class StrategyPlan:
     def _count(self, name: str) -> int:
         return self.submitted.get(name, 0)
 
-    def trying_whole(self) -> bool:
-        """Whether ``auto``'s trial is at its whole batches (their workers must be ready)."""
-        return (
-            self.strategy == "auto"
-            and self.choice is None
-            and self._count("split") >= self.SPLIT_TRIAL
-        )
+    def measuring(self) -> bool:
+        """Whether ``auto``'s trial is on (every flavour's workers must be ready first)."""
+        return self.strategy == "auto" and self.choice is None
 
     def trial_flavour(self) -> str:
-        """The flavour whose trial batches are not all submitted (else the last)."""
-        need = self.workers + self.whole_trial
-        return next((f for f in self.flavours if self._count(f) < need), self.flavours[-1])
+        """The first flavour whose timed batches are not all taken in (else the last).
+        Taken, not submitted: the next flavour's workers start (a process each) only
+        once this one's figures are in, so that the start is not in them."""
+        done = lambda f: len(self.worker_rates.get(f, ())) >= self.whole_trial  # noqa: E731
+        return next((f for f in self.flavours if not done(f)), self.flavours[-1])
 
-    def next(self, whole_ready: bool = True) -> str:
+    def next(self, ready: bool = True) -> str:
         """The strategy of the next batch submitted ("split" or "whole"; :attr:`flavour`
-        says what builds a whole one). ``auto`` splits while the flavour on trial is
-        not ready (prep's forkserver starting in the background): the stream never
-        waits for a trial."""
+        says what builds a whole one). While any flavour's workers are not ``ready``
+        (prep's forkserver starting in the background: seconds of a core), ``auto``
+        splits and times nothing (:attr:`timed` is False): the stream never waits for
+        a trial, and no figure is taken while a start shares the cores."""
+        self.timed = True
         if self.strategy != "auto":
             name = self.strategy
         elif self.choice is not None:
             name = self.choice.strategy
             self.flavour = self.choice.flavour or self.flavour
+        elif not ready:
+            self.timed = False
+            return "split"
         else:
             if self._count("split") >= self.SPLIT_TRIAL:
                 self.flavour = self.trial_flavour()
-            trial = self._count("split") < self.SPLIT_TRIAL or not whole_ready
-            name = "split" if trial else "whole"
+            name = "split" if self._count("split") < self.SPLIT_TRIAL else "whole"
         key = "split" if name == "split" else self.flavour
         self.submitted[key] = self._count(key) + 1
         return name
@@ -276,9 +280,11 @@ class StrategyPlan:
         took in ``take``."""
         flavour = flavour or self.flavours[0]
         self.taken[flavour] = self.taken.get(flavour, 0) + 1
-        measuring = self.strategy == "auto" and self.choice is None
-        if not measuring or self.taken[flavour] <= self.workers or not busy or take <= 0:
+        complete = len(self.worker_rates.get(flavour, ())) >= self.whole_trial
+        if not self.measuring() or complete or self.taken[flavour] <= self.workers:
             return  # a worker's first batch pays its start; a choice made needs no more
+        if not busy or take <= 0:
+            return
         self.worker_rates.setdefault(flavour, []).append(rows / busy)
         self.take_rates.setdefault(flavour, []).append(rows / take)
         if span is not None:

@@ -146,17 +146,15 @@ class Submitter:
         from ._stream import Ran
 
         ready = True
-        if self.plan.trying_whole():
-            try:
-                for f in self.plan.flavours:  # prep's forkserver starts while threads try
-                    self._sender(f).workers.ready()
-                ready = self._sender(self.plan.trial_flavour()).workers.ready()
+        if self.plan.measuring():
+            try:  # every flavour asked, so that all of them start at once
+                ready = all([self._sender(f).workers.ready() for f in self.plan.flavours])
             except BaseException as exc:  # raised in its place in the order, as split's are
                 return Ran(error=exc)
-        if self.plan.next(whole_ready=ready) == "split":
+        if self.plan.next(ready) == "split":
             t = time.perf_counter()
             ran = Ran.of(self.split, batch)
-            if ran.error is None:
+            if ran.error is None and self.plan.timed:
                 n = len(batch) if self.samples else len(rows_of(batch))
                 self.plan.split_ran(n, time.perf_counter() - t)
             return ran

@@ -533,14 +533,19 @@ def test_processes_remember_the_output_shape_and_relearn_it_when_it_changes():
     assert str(got.value) == str(want.value)
 
 
-def test_auto_splits_while_the_whole_batch_workers_are_not_ready():
-    plan = StrategyPlan("auto", workers=2)
+def test_auto_splits_untimed_while_any_workers_start():
+    # prep's forkserver starting takes a core for seconds: a figure taken meanwhile
+    # (the first JPEG runs rated threads at half their rate) would decide wrongly
+    plan = StrategyPlan("auto", workers=2, flavours=("threads", "processes"))
+    got = []
+    for _ in range(5):
+        got.append(plan.next(ready=False))
+        assert not plan.timed
+    assert got == ["split"] * 5 and plan.submitted == {}  # none counts towards the trial
     got = [plan.next() for _ in range(plan.SPLIT_TRIAL)]
-    assert plan.trying_whole()
-    got += [plan.next(whole_ready=False) for _ in range(5)]  # prep's forkserver starting
-    assert got == ["split"] * (plan.SPLIT_TRIAL + 5)
-    assert plan.next(whole_ready=True) == "whole"
-    assert StrategyPlan("whole", workers=2).next(whole_ready=False) == "whole"  # as asked
+    assert got == ["split"] * plan.SPLIT_TRIAL and plan.timed
+    assert plan.next() == "whole" and plan.flavour == "threads"
+    assert StrategyPlan("whole", workers=2).next(ready=False) == "whole"  # as asked
 
 
 class Squares(torch.utils.data.Dataset):
@@ -683,3 +688,19 @@ def test_a_batch_goes_to_the_worker_that_is_free_even_before_its_reply_is_read(t
     finally:
         release.touch()
         workers.close()
+
+
+def test_the_next_flavour_starts_once_the_last_ones_figures_are_in():
+    # its workers' start (a process each) must not land in the figures of batches
+    # still running on the flavour before it
+    plan = StrategyPlan("auto", workers=2, flavours=("threads", "processes"))
+    for _ in range(plan.SPLIT_TRIAL):
+        plan.next()
+        plan.split_ran(100, 0.01)
+    sent = [(plan.next(), plan.flavour) for _ in range(7)]  # none taken in yet
+    assert sent == [("whole", "threads")] * 7
+    for _ in range(plan.workers + plan.whole_trial):
+        plan.whole_taken(100, busy=0.01, take=0.001, flavour="threads")
+    assert (plan.next(), plan.flavour) == ("whole", "processes")
+    plan.whole_taken(100, busy=1.0, take=0.001, flavour="threads")  # one of the extra two
+    assert len(plan.worker_rates["threads"]) == plan.whole_trial  # not counted
