@@ -704,3 +704,28 @@ def test_the_next_flavour_starts_once_the_last_ones_figures_are_in():
     assert (plan.next(), plan.flavour) == ("whole", "processes")
     plan.whole_taken(100, busy=1.0, take=0.001, flavour="threads")  # one of the extra two
     assert len(plan.worker_rates["threads"]) == plan.whole_trial  # not counted
+
+
+@pytest.mark.timeout(120)
+def test_batches_travel_in_reused_shared_memory_and_each_keeps_its_own_values():
+    from prep.executors import _batches
+
+    made = []
+    real = _batches._Ring._take
+
+    def take(self, nbytes):
+        buf = real(self, nbytes)
+        made.append(buf)  # held here, so that no freed buffer's address comes back
+        return buf
+
+    big = [torch.full((64, 300), float(k)) for k in range(24)]  # 76.8 KB a batch: lent
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_batches._Ring, "_take", take)
+        with prep.Pool("processes", workers=2) as pool:
+            got = list(pool.imap(rowfns.affine, big, strategy="whole", prefetch=4))
+            ring = pool._streams.whole_workers("processes")._ring
+            assert len(ring._idle) <= ring.keep
+    assert all(torch.equal(g, b * 2 + 1) for g, b in zip(got, big))  # none overwritten
+    assert len(made) == len(big)  # every batch lent a buffer...
+    distinct = {b.data_ptr() for b in made}
+    assert len(distinct) <= 4 + 2  # ...from a few, reused (prefetch 4, the stream's ends)
