@@ -40,10 +40,14 @@ class Spec:
         return dict(zip(self.keys, leaves))
 
 
+#: the structure of every single-tensor result (one object: compared by identity first)
+TENSOR = Spec("tensor")
+
+
 def flatten(result: Any, what: str = "the row function") -> tuple[Spec, list[Tensor]]:
     """Leaves of a Tensor, tuple of Tensors or dict of Tensors, with their structure."""
     if isinstance(result, Tensor):
-        return Spec("tensor"), [result]
+        return TENSOR, [result]
     if isinstance(result, (tuple, list)) and all(isinstance(r, Tensor) for r in result):
         return Spec("tuple", n=len(result)), list(result)
     if isinstance(result, Mapping) and all(isinstance(r, Tensor) for r in result.values()):
@@ -189,7 +193,7 @@ class Output:
             buf[i - self.offset].copy_(leaf)
 
     def check_spec(self, i: int, spec: Spec) -> None:
-        if spec != self.spec:
+        if spec is not self.spec and spec != self.spec:
             raise StackError(
                 f"row {i} returned {_spec_text(spec)} but {self._origin()} "
                 f"{_spec_text(self.spec)}; every row must return the same structure"

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._output import Output, Result, Spec, check_fits, flatten
+from ._output import TENSOR, Output, Result, Spec, check_fits, flatten
 from ._pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
 from ._pad_options import Number, Padding
 from .errors import StackError
@@ -173,6 +173,9 @@ class PaddedOutput(Output):
         written under it, one lock and one ``no_grad`` a block."""
         rows = []
         for k, result in enumerate(results):
+            if type(result) is Tensor and self.spec is TENSOR:  # the common case, at once
+                rows.append([result])
+                continue
             spec, leaves = flatten(result, what=f"the row function, on row {start + k},")
             self.check_spec(start + k, spec)
             rows.append(leaves)
