@@ -44,14 +44,19 @@ class Spec:
 TENSOR = Spec("tensor")
 
 
-def flatten(result: Any, what: str = "the row function") -> tuple[Spec, list[Tensor]]:
-    """Leaves of a Tensor, tuple of Tensors or dict of Tensors, with their structure."""
+def flatten(
+    result: Any, what: str = "the row function", row: int | None = None
+) -> tuple[Spec, list[Tensor]]:
+    """Leaves of a Tensor, tuple of Tensors or dict of Tensors, with their structure;
+    an error names ``what`` returned it (the row function on ``row``, if given)."""
     if isinstance(result, Tensor):
         return TENSOR, [result]
     if isinstance(result, (tuple, list)) and all(isinstance(r, Tensor) for r in result):
         return Spec("tuple", n=len(result)), list(result)
     if isinstance(result, Mapping) and all(isinstance(r, Tensor) for r in result.values()):
         return Spec("dict", tuple(result), len(result)), list(result.values())
+    if row is not None:
+        what = f"{what}, on row {row},"
     raise TypeError(
         f"{what} returned {_describe(result)}; it must return a Tensor, a tuple of Tensors "
         f"or a dict of Tensors (wrap numbers with torch.tensor(...))"
@@ -114,7 +119,7 @@ class Output:
         shared: bool = False,
         offset: int = 0,
     ) -> Output:
-        spec, leaves = flatten(result, what=f"the row function, on row {row},")
+        spec, leaves = flatten(result, row=row)
         buffers = []
         for leaf in leaves:
             if leaf.device.type == "meta":
@@ -183,7 +188,7 @@ class Output:
             # costs a microsecond a row of the whole batch, before the first write)
             self.buffers[0][i - self.offset].copy_(result)
             return
-        spec, leaves = flatten(result, what=f"the row function, on row {i},")
+        spec, leaves = flatten(result, row=i)
         self.check_spec(i, spec)
         for k, (buf, leaf) in enumerate(zip(self.buffers, leaves)):
             if leaf.shape != buf.shape[1:] or leaf.dtype != buf.dtype:

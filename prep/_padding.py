@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._output import TENSOR, Output, Result, Spec, check_fits, flatten
+from ._output import Output, Result, Spec, check_fits, flatten
 from ._pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
 from ._pad_options import Number, Padding
 from .errors import StackError
@@ -173,10 +173,7 @@ class PaddedOutput(Output):
         written under it, one lock and one ``no_grad`` a block."""
         rows = []
         for k, result in enumerate(results):
-            if type(result) is Tensor and self.spec is TENSOR:  # the common case, at once
-                rows.append([result])
-                continue
-            spec, leaves = flatten(result, what=f"the row function, on row {start + k},")
+            spec, leaves = flatten(result, row=start + k)
             self.check_spec(start + k, spec)
             rows.append(leaves)
         lo = start - self.offset
@@ -336,7 +333,7 @@ def allocate(
     this row's size."""
     if padding is None:
         return Output.allocate(result, rows, row=row, pin=pin, shared=shared, offset=offset)
-    spec, leaves = flatten(result, what=f"the row function, on row {row},")
+    spec, leaves = flatten(result, row=row)
     per_leaf = padding.leaves(spec.kind, spec.keys, spec.n)
     shapes = []
     for k, (leaf, (_, to)) in enumerate(zip(leaves, per_leaf)):

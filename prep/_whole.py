@@ -22,7 +22,7 @@ from ._rows import Rows, SampleRows, rows_of
 from ._strategy import StrategyPlan
 from .errors import WorkerCrashed
 from .executors import Executor, Job
-from .executors._batches import Ticket
+from .executors._ticket import Ticket
 
 __all__ = ["Delivery", "Submitter", "policy_of"]
 

@@ -708,10 +708,10 @@ def test_the_next_flavour_starts_once_the_last_ones_figures_are_in():
 
 @pytest.mark.timeout(120)
 def test_batches_travel_in_reused_shared_memory_and_each_keeps_its_own_values():
-    from prep.executors import _batches
+    from prep.executors import _ring
 
     made = []
-    real = _batches._Ring._take
+    real = _ring.Ring._take
 
     def take(self, nbytes):
         buf = real(self, nbytes)
@@ -720,7 +720,7 @@ def test_batches_travel_in_reused_shared_memory_and_each_keeps_its_own_values():
 
     big = [torch.full((64, 300), float(k)) for k in range(24)]  # 76.8 KB a batch: lent
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_batches._Ring, "_take", take)
+        mp.setattr(_ring.Ring, "_take", take)
         with prep.Pool("processes", workers=2) as pool:
             got = list(pool.imap(rowfns.affine, big, strategy="whole", prefetch=4))
             ring = pool._streams.whole_workers("processes")._ring

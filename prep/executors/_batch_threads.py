@@ -20,8 +20,8 @@ from typing import Any
 from .._policy import Policy
 from .._rows import Rows
 from ._base import Job, threads_per_worker
-from ._batches import Ticket
 from ._daemons import DaemonThreads, own_intra_op_threads
+from ._ticket import Ticket
 
 __all__ = ["ThreadBatches"]
 

@@ -43,171 +43,27 @@ from collections import deque
 from multiprocessing import connection
 from typing import Any
 
-import torch
-
-from .._output import Output
 from .._policy import Policy
-from .._rows import Rows, TensorRows
-from ..errors import BatchTimeout, ConfigError, FunctionLoadError, RowError, WorkerCrashed
-from . import _batch_worker, _fdpipe, _spawn, _worker
+from .._rows import Rows
+from ..errors import ConfigError, WorkerCrashed
+from . import _batch_worker, _fdpipe, _spawn
 from ._base import threads_per_worker
 from ._handles import Worker
-from ._transport import describe_fn, pickle_fn
+from ._ring import Ring
+from ._ticket import Ticket, value_of
+from ._transport import pickle_fn
 
-__all__ = ["ProcessBatches", "Ticket"]
-
-Value = tuple[Output | None, dict[int, BaseException]]
-
-
-class Ticket:
-    """One whole batch handed to a worker: :meth:`wait` for it, then :meth:`result`."""
-
-    def __init__(self, owner: Any, rows: Rows, policy: Policy, timeout: float | None) -> None:
-        self.owner = owner
-        self.rows, self.policy, self.timeout = rows, policy, timeout
-        self.started: float | None = None  # when its worker could start it
-        self.busy: float | None = None  # seconds its worker took
-        # when its worker began and ended it, by time.monotonic (where not started..busy)
-        self.span: tuple[float, float] | None = None
-        self.transfer = 0.0  # seconds the parent took to receive it (unpickling, mapping)
-        self.crashed = False  # its worker died on it (the caller may isolate its rows)
-        self.cancelled = False
-        self.fn: Any = None  # the row function itself, where it need not travel (threads)
-        self.key = ""  # the row function's, where it travels by key (processes)
-        self.lane: Any = None  # the worker that holds it (processes)
-        self.seq = -1  # its number on that worker's pipe (processes)
-        self.wire: Rows | None = None  # the rows as sent (in the ring's memory), if not rows
-        self.on_settled: Any = None  # called once when it is settled (gives the ring back)
-        self._done = threading.Event()
-        self._value: Value | None = None
-        self._error: BaseException | None = None
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Whether the batch is done, after waiting up to ``timeout`` seconds for it."""
-        return self.done() or self.owner.pump(self, timeout)
-
-    def result(self) -> Value:
-        """The output (None when every row failed) and the failed rows' errors; raises
-        the batch's error."""
-        while not self.wait(None):
-            pass
-        if self._error is not None:
-            raise self._error
-        assert self._value is not None
-        return self._value
-
-    def cancel(self) -> None:
-        """Nobody will take this result: its worker's reply is dropped when read."""
-        self.cancelled = True
-
-    def resolve(self, value: Value | None = None, error: BaseException | None = None) -> None:
-        """Its value or error, once: a batch abandoned at its deadline stays failed."""
-        if self._done.is_set():
-            return
-        self._value, self._error = value, error
-        self._done.set()
-        self.settle()
-
-    def settle(self) -> None:
-        """Nothing will read what it sent any more (answered, dead, or killed)."""
-        release, self.on_settled = self.on_settled, None
-        if release is not None:
-            release()
-
-    def settled(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds for someone to resolve it (no pumping)."""
-        return self._done.wait(timeout)
-
-    def left(self, now: float) -> float | None:
-        """Seconds before its deadline (None: no timeout, or not started)."""
-        if self.timeout is None or self.started is None:
-            return None
-        return self.timeout - (now - self.started)
-
-    def timed_out(self, what_now: str) -> BatchTimeout:
-        return BatchTimeout(
-            f"the batch of {len(self.rows)} rows did not finish within "
-            f"timeout={self.timeout} s; {what_now}"
-        )
+__all__ = ["ProcessBatches"]
 
 
-def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Value | None, BaseException | None]:
-    """A worker's reply (``_worker.run_chunk``'s, or a load error) as a value or an error."""
-    tag = reply[0]
-    if tag == "chunk":
-        _, _, _, output, failed = reply
-        errors: dict[int, BaseException] = {}
-        for error_reply in failed:
-            err = _worker.error_from_reply(error_reply)
-            assert isinstance(err, RowError)
-            errors[err.row] = err
-        return (output, errors), None
-    if tag == "load-error":
-        _, _, name, text, tb, blob = reply
-        err = FunctionLoadError(
-            f"a whole-batch worker could not load the row function {describe_fn(fn)} "
-            f"({name}: {text}). Workers start from a fresh interpreter and never run your "
-            f"main script, so what the function needs by name must be importable there; "
-            f"or use executor='threads'"
-        )
-        err.__cause__ = _worker.rebuild(blob, name, text, tb)
-        return None, err
-    return None, _worker.error_from_reply(reply)
-
-
-class _Ring:
-    """Shared-memory buffers that batches' tensors travel in, reused (see the module
-    docstring); at most ``keep`` idle ones are kept."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._idle: deque[torch.Tensor] = deque()  # flat uint8, shared
-        self._lock = threading.Lock()
-
-    def lend(self, rows: Rows) -> tuple[Rows, list[torch.Tensor]] | None:
-        """``rows`` with their large private tensors copied into the ring's buffers (and
-        those buffers), or None where nothing is worth it."""
-        if not isinstance(rows, TensorRows) or not any(map(self._worth, rows.columns)):
-            return None
-        lent: list[torch.Tensor] = []
-        columns = []
-        for c in rows.columns:
-            if self._worth(c):
-                buf = self._take(c.nbytes)
-                lent.append(buf)
-                c = buf.view(c.dtype).view(c.shape).copy_(c)
-            columns.append(c)
-        return TensorRows(tuple(columns), rows.names, rows.offset, rows.check), lent
-
-    @staticmethod
-    def _worth(c: torch.Tensor) -> bool:
-        return (
-            c.device.type == "cpu"
-            and not c.requires_grad
-            and c.nbytes > _fdpipe.INLINE
-            and not c.untyped_storage().is_shared()
-        )
-
-    def _take(self, nbytes: int) -> torch.Tensor:
-        with self._lock:
-            for buf in self._idle:
-                if buf.nbytes == nbytes:
-                    self._idle.remove(buf)
-                    return buf
-        return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
-
-    def give_back(self, bufs: list[torch.Tensor]) -> None:
-        with self._lock:
-            self._idle.extend(bufs)
-            while len(self._idle) > self.keep:
-                self._idle.popleft()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._idle.clear()
+def _check_on_cpu(rows: Rows) -> None:
+    for c in getattr(rows, "columns", ()):
+        if c.device.type != "cpu":
+            raise ConfigError(
+                f"strategy='whole' on processes got a tensor on {c.device}; workers never "
+                f"touch CUDA, so pass CPU tensors (and device= for the result), or use "
+                f"executor='threads'"
+            )
 
 
 class _Lane:
@@ -217,6 +73,25 @@ class _Lane:
         self.worker = worker
         self.tickets: deque[Ticket] = deque()
         self.keys: set[str] = set()  # the row functions it holds
+
+    def replace(self, worker: Worker) -> list[Ticket]:
+        """``worker`` in the old one's place; the tickets the old one held, oldest first."""
+        self.worker.stop()
+        tickets, self.tickets, self.keys = list(self.tickets), deque(), set()
+        self.worker = worker
+        return tickets
+
+    @staticmethod
+    def freest(lanes: list[_Lane]) -> _Lane:
+        """The lane with the fewest batches in hand; of those, the one whose current
+        batch began first (it is likely to be free first)."""
+        return min(
+            lanes,
+            key=lambda lane: (
+                len(lane.tickets),
+                (lane.tickets[0].started or 0.0) if lane.tickets else 0.0,
+            ),
+        )
 
 
 class ProcessBatches:
@@ -230,7 +105,7 @@ class ProcessBatches:
         self._lock = threading.RLock()  # the lanes and their pipes: one reader at a time
         self._seq = itertools.count()
         self._fns: dict[str, tuple[Any, bytes]] = {}
-        self._ring = _Ring(keep=4 * workers)
+        self._ring = Ring(keep=4 * workers)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -291,14 +166,8 @@ class ProcessBatches:
         return key
 
     def submit(self, key: str, rows: Rows, policy: Policy, timeout: float | None) -> Ticket:
-        """Send the batch to the worker with the fewest batches in hand."""
-        for c in getattr(rows, "columns", ()):
-            if c.device.type != "cpu":
-                raise ConfigError(
-                    f"strategy='whole' on processes got a tensor on {c.device}; workers never "
-                    f"touch CUDA, so pass CPU tensors (and device= for the result), or use "
-                    f"executor='threads'"
-                )
+        """Send the batch to the worker likely to be free first (:meth:`_Lane.freest`)."""
+        _check_on_cpu(rows)
         ticket = Ticket(self, rows, policy, timeout)
         ticket.key = key  # resent with it after a crash
         lent = self._ring.lend(rows)
@@ -308,15 +177,7 @@ class ProcessBatches:
         with self._lock:
             self._ensure_started()
             self._read_ready()
-            # the fewest batches in hand; of those, the one whose current batch began first
-            lane = min(
-                self._lanes,
-                key=lambda lane: (
-                    len(lane.tickets),
-                    (lane.tickets[0].started or 0.0) if lane.tickets else 0.0,
-                ),
-            )
-            self._send(lane, ticket)
+            self._send(_Lane.freest(self._lanes), ticket)
         return ticket
 
     def _read_ready(self) -> None:
@@ -394,13 +255,6 @@ class ProcessBatches:
         value, error = value_of(reply, self._fns.get(ticket.key, (None,))[0])
         ticket.resolve(value, error)
 
-    def _replace(self, lane: _Lane) -> list[Ticket]:
-        """A fresh worker in the lane's place; the tickets the old one held, oldest first."""
-        lane.worker.stop()
-        tickets, lane.tickets, lane.keys = list(lane.tickets), deque(), set()
-        lane.worker = self._new_worker()
-        return tickets
-
     def _resend(self, lane: _Lane, tickets: list[Ticket]) -> None:
         for t in tickets:
             if not t.cancelled:
@@ -410,7 +264,7 @@ class ProcessBatches:
         """The lane's worker died: its current batch fails, the others go to a new one."""
         w = lane.worker
         how, pid = w.how_it_died(), w.proc.pid
-        tickets = self._replace(lane)
+        tickets = lane.replace(self._new_worker())
         if tickets:
             head, rest = tickets[0], tickets[1:]
             head.crashed = True
@@ -428,7 +282,7 @@ class ProcessBatches:
             self._resend(lane, rest)
 
     def _timed_out(self, lane: _Lane) -> None:
-        tickets = self._replace(lane)
+        tickets = lane.replace(self._new_worker())
         head, rest = tickets[0], tickets[1:]
         head.resolve(
             error=head.timed_out(

@@ -235,7 +235,7 @@ def probe_row(fn: Any, rows: Rows, i: int) -> tuple[Any, ...]:
     except Exception as exc:
         return _error(i, exc)
     try:
-        flatten(result, what=f"the row function, on row {i},")
+        flatten(result, row=i)
         return ("probe", i, detached(result))
     except Exception as exc:  # not a tensor, or a structure of them
         return _error(i, exc, "bad-result")

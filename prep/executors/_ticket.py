@@ -1,0 +1,118 @@
+"""A whole batch handed to a worker: the ``concurrent.futures`` shape of a stream's
+batches in flight (:mod:`prep.executors._batches` for processes,
+:mod:`prep.executors._batch_threads` for threads)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .._output import Output
+from .._policy import Policy
+from .._rows import Rows
+from ..errors import BatchTimeout, FunctionLoadError, RowError
+from . import _worker
+from ._transport import describe_fn
+
+__all__ = ["Ticket", "Value", "value_of"]
+
+Value = tuple[Output | None, dict[int, BaseException]]
+
+
+class Ticket:
+    """One whole batch handed to a worker: :meth:`wait` for it, then :meth:`result`."""
+
+    def __init__(self, owner: Any, rows: Rows, policy: Policy, timeout: float | None) -> None:
+        self.owner = owner
+        self.rows, self.policy, self.timeout = rows, policy, timeout
+        self.started: float | None = None  # when its worker could start it
+        self.busy: float | None = None  # seconds its worker took
+        # when its worker began and ended it, by time.monotonic (where not started..busy)
+        self.span: tuple[float, float] | None = None
+        self.transfer = 0.0  # seconds the parent took to receive it (unpickling, mapping)
+        self.crashed = False  # its worker died on it (the caller may isolate its rows)
+        self.cancelled = False
+        self.fn: Any = None  # the row function itself, where it need not travel (threads)
+        self.key = ""  # the row function's, where it travels by key (processes)
+        self.lane: Any = None  # the worker that holds it (processes)
+        self.seq = -1  # its number on that worker's pipe (processes)
+        self.wire: Rows | None = None  # the rows as sent (in the ring's memory), if not rows
+        self.on_settled: Any = None  # called once when it is settled (gives the ring back)
+        self._done = threading.Event()
+        self._value: Value | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the batch is done, after waiting up to ``timeout`` seconds for it."""
+        return self.done() or self.owner.pump(self, timeout)
+
+    def result(self) -> Value:
+        """The output (None when every row failed) and the failed rows' errors; raises
+        the batch's error."""
+        while not self.wait(None):
+            pass
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+    def cancel(self) -> None:
+        """Nobody will take this result: its worker's reply is dropped when read."""
+        self.cancelled = True
+
+    def resolve(self, value: Value | None = None, error: BaseException | None = None) -> None:
+        """Its value or error, once: a batch abandoned at its deadline stays failed."""
+        if self._done.is_set():
+            return
+        self._value, self._error = value, error
+        self._done.set()
+        self.settle()
+
+    def settle(self) -> None:
+        """Nothing will read what it sent any more (answered, dead, or killed)."""
+        release, self.on_settled = self.on_settled, None
+        if release is not None:
+            release()
+
+    def settled(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds for someone to resolve it (no pumping)."""
+        return self._done.wait(timeout)
+
+    def left(self, now: float) -> float | None:
+        """Seconds before its deadline (None: no timeout, or not started)."""
+        if self.timeout is None or self.started is None:
+            return None
+        return self.timeout - (now - self.started)
+
+    def timed_out(self, what_now: str) -> BatchTimeout:
+        return BatchTimeout(
+            f"the batch of {len(self.rows)} rows did not finish within "
+            f"timeout={self.timeout} s; {what_now}"
+        )
+
+
+def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Value | None, BaseException | None]:
+    """A worker's reply (``_worker.run_chunk``'s, or a load error) as a value or an error."""
+    tag = reply[0]
+    if tag == "chunk":
+        _, _, _, output, failed = reply
+        errors: dict[int, BaseException] = {}
+        for error_reply in failed:
+            err = _worker.error_from_reply(error_reply)
+            assert isinstance(err, RowError)
+            errors[err.row] = err
+        return (output, errors), None
+    if tag == "load-error":
+        _, _, name, text, tb, blob = reply
+        err = FunctionLoadError(
+            f"a whole-batch worker could not load the row function {describe_fn(fn)} "
+            f"({name}: {text}). Workers start from a fresh interpreter and never run your "
+            f"main script, so what the function needs by name must be importable there; "
+            f"or use executor='threads'"
+        )
+        err.__cause__ = _worker.rebuild(blob, name, text, tb)
+        return None, err
+    return None, _worker.error_from_reply(reply)
