@@ -9,24 +9,22 @@ from typing import Any
 __all__ = ["columns", "count", "key_value", "number", "parse_value", "positive", "shape"]
 
 
-def positive(text: str) -> int:
+def _integer(text: str, least: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive integer (>= 1)")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is {what}")
     return value
+
+
+def positive(text: str) -> int:
+    return _integer(text, 1, "not a positive integer (>= 1)")
 
 
 def count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; pass an integer >= 0")
-    return value
+    return _integer(text, 0, "negative; pass an integer >= 0")
 
 
 def parse_value(text: str) -> bool | int | float | str:
