@@ -7,6 +7,7 @@ One table of cases, each bounded by a timeout, like loky's crash tests; the
 from __future__ import annotations
 
 import functools
+import contextlib
 import os
 import signal
 import subprocess
@@ -321,3 +322,27 @@ def test_a_joblib_pool_timing_out_leaves_the_users_own_joblib_running(no_leaks):
         user.join(30)
         get_reusable_executor().shutdown(wait=True)  # the user's, ended by the user
     assert not failures, f"the user's joblib.Parallel failed: {failures[0]!r}"
+
+
+def test_a_stopped_worker_leaves_no_shared_memory_name_behind(tmp_path):
+    # torch names a segment and unlinks the name at once: a worker killed in between
+    # would leave it in /dev/shm for good. The test leaves one in the worker's name
+    from prep.executors import _handles, _spawn
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    w = _handles.Worker(_spawn.context(), 1)
+    left = f"/dev/shm/torch_{w.proc.pid}_0_0"
+    try:
+        open(left, "wb").close()
+        w.proc.kill()
+        w.stop()
+        assert not os.path.exists(left)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(left)
+    # another process's names are not touched (a pid that is a prefix of it)
+    (tmp_path / "torch_120_1_2").touch()
+    (tmp_path / "torch_12_1_2").touch()
+    assert _handles.unlink_leftovers(12, shm=str(tmp_path)) == ["torch_12_1_2"]
+    assert (tmp_path / "torch_120_1_2").exists()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -40,7 +41,8 @@ class Worker:
         self.held: tuple[int, int] | None = None  # the row range it is working on
 
     def stop(self, grace: float = 1.0) -> None:
-        """Terminate (SIGTERM, then SIGKILL) and reap; no orphans, no zombies."""
+        """Terminate (SIGTERM, then SIGKILL) and reap; no orphans, no zombies, and no
+        shared-memory name it left behind."""
         if self.proc.is_alive():
             self.proc.terminate()
             self.proc.join(grace)
@@ -48,6 +50,8 @@ class Worker:
                 self.proc.kill()
         self.proc.join(5)
         self.conn.close()
+        if self.proc.exitcode is not None and self.proc.pid is not None:
+            unlink_leftovers(self.proc.pid)
 
     def how_it_died(self) -> str:
         self.proc.join(1)
@@ -55,6 +59,23 @@ class Worker:
         if code is not None and code < 0:
             return f"signal {signal.Signals(-code).name}"
         return f"exit code {code}"
+
+
+def unlink_leftovers(pid: int, shm: str = "/dev/shm") -> list[str]:
+    """Remove the shared-memory names the dead process ``pid`` left behind (and say
+    which). torch shares a tensor's memory by creating a named segment and
+    unlinking the name at once; a worker killed between the two (a timeout, a
+    crash, a kill at close) leaves the name, and its memory, there for good. The
+    name holds nothing anyone maps: every mapping travels as a descriptor."""
+    prefix = f"torch_{pid}_"
+    try:
+        names = [n for n in os.listdir(shm) if n.startswith(prefix)]
+    except OSError:
+        return []
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(shm, name))
+    return names
 
 
 def load_everywhere(
