@@ -6,8 +6,8 @@ One table of cases, each bounded by a timeout, like loky's crash tests; the
 
 from __future__ import annotations
 
-import functools
 import contextlib
+import functools
 import os
 import signal
 import subprocess
