@@ -158,10 +158,6 @@ class Output:
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers)
 
-    def head(self, stop: int) -> Output:
-        """Rows ``:stop`` of this output, a view: writing into it writes here."""
-        return Output(self.spec, [b[:stop] for b in self.buffers], self.first_row, self.offset)
-
     def like(self, rows: int | None = None, *, pin: bool = False, shared: bool = False) -> Output:
         """Empty CPU buffers shaped like these, with ``rows`` rows (default: as many): a
         staging area, or the batch's output made from a worker's chunk."""

@@ -162,9 +162,6 @@ class PaddedOutput(Output):
                 for k in range(len(self._buffers)):
                     self._put_sequences(k, lo, [leaves[k] for leaves in rows])
 
-    def head(self, stop: int) -> Output:
-        return self  # a growth would leave a view behind: rows past ``stop`` are not run
-
     def write(self, i: int, result: Any) -> None:
         self.write_block(i, [result])
 

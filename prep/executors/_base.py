@@ -136,11 +136,11 @@ class Job:
     def part(self, start: int, stop: int | None = None) -> Job:
         """Rows ``start:stop`` of this batch, written into this job's output (which must
         exist once ``stop`` is given), under this job's deadline."""
-        rows, out = self.rows, self.output
+        rows = self.rows
         if stop is not None and stop < len(rows):
-            assert out is not None, "a part up to a stop writes into an allocated output"
-            rows, out = rows.head(stop), out.head(stop)
-        return dataclasses.replace(self, rows=rows, output=out, start=start, deadline=self.clock)
+            assert self.output is not None, "a part up to a stop writes into an allocated output"
+            rows = rows.head(stop)  # rows past stop are not run, so none is written
+        return dataclasses.replace(self, rows=rows, start=start, deadline=self.clock)
 
     def strict(self) -> Job:
         """This job with ``on_error='raise'``: for a batched call, which cannot keep a
