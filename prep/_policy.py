@@ -131,6 +131,9 @@ class ResultCheck:
         self.admitted: list[tuple[int, int]] = []  # chunks' rows admitted under it
         self.provisional = False  # a worker's chunk, checked against its own first row
         self.pending: dict[int, Any] = {}  # rows failed provisionally, with their results
+        # chunks refused under a reference a lower chunk may replace: (chunk, its rows,
+        # the rows the refusal failed)
+        self.refused: list[tuple[Output, int, int, list[int]]] = []
         if out is not None:
             try:
                 self.first = self._of(Output.given(out, len(flatten(out, "out=")[1][0])))
@@ -170,8 +173,15 @@ class ResultCheck:
         return self.first is not None and self._layout(result) == self.first
 
     def __getstate__(self) -> dict[str, Any]:
-        # to a worker: the reference only, not the parent's record of admitted chunks
-        return {**self.__dict__, "admitted": [], "by_chunk": None, "pending": {}}
+        # to a worker: the reference only, not the parent's record of admitted chunks. A
+        # reference a chunk set may yet give way to a lower chunk's: rows failed against
+        # it travel back with their results, to be taken back then
+        provisional = self.provisional or self.by_chunk is not None
+        return {
+            **self.__dict__,
+            **{"admitted": [], "by_chunk": None, "pending": {}, "refused": []},
+            "provisional": provisional,
+        }
 
     def fresh(self) -> ResultCheck:
         """A copy with this one's reference (if any), that learns its own: a worker's
@@ -181,7 +191,7 @@ class ResultCheck:
         copy.first, copy.origin = self.first, self.origin
         # without a reference from the parent, this chunk's is its own first good row,
         # which the batch's may not be: rows failed against it carry their results
-        copy.provisional = self.first is None
+        copy.provisional = self.first is None or self.provisional
         return copy
 
     def seed(self, out: Output) -> None:

@@ -472,3 +472,27 @@ def test_a_bad_row_first_in_its_chunk_fails_alone(executor):
     want = batch * 2
     want[[0, 8, 24]] = -1
     assert torch.equal(out, want)
+
+
+def test_rows_failed_against_a_reference_a_chunk_set_travel_back_with_their_results():
+    # the first chunk back sets the batch's reference (here row 8's float64), but a
+    # chunk of lower rows may yet replace it: a worker that fails rows against it must
+    # send their results back, so that they are written once the reference changes
+    import pickle
+
+    from prep._output import Output
+    from prep._policy import ResultCheck
+
+    check = ResultCheck(padded=False)
+    chunk = Output.allocate(torch.zeros(1, dtype=torch.float64), 8, row=8, offset=8)
+    assert check.admit(chunk, 8, 16) == (None, [])
+    in_worker = pickle.loads(pickle.dumps(check)).fresh()
+    with pytest.raises(prep.StackError) as failed:
+        in_worker(torch.zeros(1))  # float32 against float64
+    assert torch.equal(failed.value.result, torch.zeros(1))
+    # a reference the batch's own first row set is final: nothing travels back
+    seeded = ResultCheck(padded=False)
+    seeded.seed(Output.allocate(torch.zeros(1), 8, row=1))
+    with pytest.raises(prep.StackError) as final:
+        pickle.loads(pickle.dumps(seeded)).fresh()(torch.zeros(1, dtype=torch.float64))
+    assert getattr(final.value, "result", None) is None

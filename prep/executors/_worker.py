@@ -193,13 +193,31 @@ def _admit(job: Job, check: ResultCheck, chunk: Output, start: int, stop: int) -
     disagrees fails, or (a lower row's) becomes the reference, the rows before failing."""
     problem, dropped = check.admit(chunk, start, stop)
     if problem is not None and not dropped:
-        _fail_all(job, range(start, stop), problem)
+        # a chunk with a lower first row may yet replace the reference it disagrees with
+        check.refused.append((chunk, start, stop, _fail_all(job, range(start, stop), problem)))
         return
     if dropped:
         job.output = None  # remade from this chunk
     job.merge(chunk)
     if problem is not None:
         _fail_all(job, dropped, problem)
+    _readmit(job, check)
+
+
+def _readmit(job: Job, check: ResultCheck) -> None:
+    """Chunks refused under a reference that a lower row's chunk has since replaced:
+    those that agree with the new one join the output after all (the refusal's
+    failures taken back; their rows' own failures stay)."""
+    refused, check.refused = check.refused, []
+    for chunk, start, stop, failed in refused:
+        if check.admit(chunk, start, stop)[0] is not None:
+            check.refused.append((chunk, start, stop, failed))
+            continue
+        assert job.output is not None, "a reference was set: its chunk made the output"
+        for i in failed:
+            job.failures.forgive(i)
+            job.output.unfail(i)
+        job.merge(chunk)
 
 
 def _take_back(job: Job, check: ResultCheck) -> None:
@@ -216,13 +234,15 @@ def _take_back(job: Job, check: ResultCheck) -> None:
             check.admitted.append((i, i + 1))
 
 
-def _fail_all(job: Job, rows: Iterable[int], problem: str) -> None:
-    """Each of ``rows`` not failed yet fails with a StackError saying ``problem``."""
-    for i in rows:
-        if i not in job.failures.errors:
-            err = RowError(i, f"row {i}: StackError: {problem}")
-            err.__cause__ = StackError(problem)
-            job.fail(i, err)
+def _fail_all(job: Job, rows: Iterable[int], problem: str) -> list[int]:
+    """Each of ``rows`` not failed yet fails with a StackError saying ``problem``;
+    returns those."""
+    failed = [i for i in rows if i not in job.failures.errors]
+    for i in failed:
+        err = RowError(i, f"row {i}: StackError: {problem}")
+        err.__cause__ = StackError(problem)
+        job.fail(i, err)
+    return failed
 
 
 def probe_row(fn: Any, rows: Rows, i: int) -> tuple[Any, ...]:
