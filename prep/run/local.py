@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -56,7 +57,9 @@ class LocalBackend:
             pool.close()
         deadline = time.monotonic() + grace
         for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            # a Ctrl-C inside start() can leave one not started: nothing to wait for
+            with contextlib.suppress(RuntimeError):
+                t.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         for t in self._threads:
