@@ -185,13 +185,19 @@ class ProcessBatches:
         a batch done but not yet asked for does not count as work in hand."""
         for lane in list(self._lanes):
             while lane.tickets and lane.worker.conn.poll():
-                t = time.perf_counter()
-                try:
-                    msg = _fdpipe.recv(lane.worker.conn)
-                except (EOFError, OSError, RuntimeError):  # as pump() handles it
-                    self._lost(lane)
+                if not self._read_one(lane):
                     break
-                self._receive(lane, msg, time.perf_counter() - t)
+
+    def _read_one(self, lane: _Lane) -> bool:
+        """Read one reply from the lane's worker; False if the worker is lost instead."""
+        t = time.perf_counter()
+        try:
+            msg = _fdpipe.recv(lane.worker.conn)
+        except (EOFError, OSError, RuntimeError):  # RuntimeError: fds cut short
+            self._lost(lane)
+            return False
+        self._receive(lane, msg, time.perf_counter() - t)
+        return True
 
     def _send(self, lane: _Lane, ticket: Ticket) -> None:
         key = ticket.key
@@ -228,13 +234,7 @@ class ProcessBatches:
                     [w.conn] if w.conn.poll() else connection.wait([w.conn, w.proc.sentinel], wait)
                 )
                 if w.conn in ready:
-                    t = time.perf_counter()
-                    try:
-                        msg = _fdpipe.recv(w.conn)
-                    except (EOFError, OSError, RuntimeError):  # RuntimeError: fds cut short
-                        self._lost(lane)
-                        continue
-                    self._receive(lane, msg, time.perf_counter() - t)
+                    self._read_one(lane)
                 elif ready:
                     self._lost(lane)
                 elif end is not None and time.monotonic() >= end:
