@@ -128,15 +128,13 @@ class Output:
                     f"has a shape but no data, so there is nothing to store); return tensors "
                     f"on a real device"
                 )
+            if shared and leaf.device.type == "cpu":
+                buffers.append(shared_empty((rows, *leaf.shape), leaf.dtype))
+                continue
             on_cpu = leaf.device.type == "cpu"
             buf = torch.empty(
-                (rows, *leaf.shape),
-                dtype=leaf.dtype,
-                device=leaf.device,
-                pin_memory=pin and on_cpu and not shared,
+                (rows, *leaf.shape), dtype=leaf.dtype, device=leaf.device, pin_memory=pin and on_cpu
             )
-            if shared and on_cpu:
-                buf.share_memory_()
             buffers.append(buf)
         return cls(spec, buffers, row, offset)
 
@@ -315,10 +313,21 @@ def _spec_text(spec: Spec) -> str:
     return f"a dict with keys {list(spec.keys)}"
 
 
+def shared_empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+    """An uninitialized CPU tensor in shared memory, made there: ``share_memory_()`` on a
+    new tensor would copy it, on all of torch's intra-op threads, which then spin
+    on cores that the workers it is shared with need."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=dtype).set_(storage).view(dtype).view(tuple(shape))
+
+
 def _empty_like(buffers: list[Tensor], rows: int | None, pin: bool, shared: bool) -> list[Tensor]:
     made = []
     for b in buffers:
         shape = b.shape if rows is None else (rows, *b.shape[1:])
-        buf = torch.empty(shape, dtype=b.dtype, pin_memory=pin)
-        made.append(buf.share_memory_() if shared else buf)
+        if shared:
+            made.append(shared_empty(shape, b.dtype))
+        else:
+            made.append(torch.empty(shape, dtype=b.dtype, pin_memory=pin))
     return made

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._output import Output, Result, Spec, check_fits, flatten
+from ._output import Output, Result, Spec, check_fits, flatten, shared_empty
 from ._pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
 from ._pad_options import Number, Padding
 from .errors import StackError
@@ -78,11 +78,11 @@ def grown(buf: Tensor, need: Sequence[int], value: Number, growths: int) -> Tens
     factor = 1.0 if growths < EXACT_GROWTHS else GROWTH
     new_cap = tuple(c if n <= c else max(n, math.ceil(c * factor)) for c, n in zip(cap, need))
     pinned = buf.device.type == "cpu" and buf.is_pinned()
-    new = torch.empty(
-        (buf.shape[0], *new_cap), dtype=buf.dtype, device=buf.device, pin_memory=pinned
-    )
+    shape = (buf.shape[0], *new_cap)
     if buf.is_shared():
-        new.share_memory_()
+        new = shared_empty(shape, buf.dtype)
+    else:
+        new = torch.empty(shape, dtype=buf.dtype, device=buf.device, pin_memory=pinned)
     new[(slice(None), *box(cap))].copy_(buf)
     fill_outside(new, cap, value)
     return new
@@ -311,8 +311,11 @@ def first_over(sizes: Tensor, limit: Sequence[int]) -> int | None:
 
 
 def _zeros(shape: tuple[int, ...], shared: bool) -> Tensor:
-    t = torch.zeros(shape, dtype=torch.int64)
-    return t.share_memory_() if shared else t
+    return (
+        shared_empty(shape, torch.int64).zero_()
+        if shared
+        else torch.zeros(shape, dtype=torch.int64)
+    )
 
 
 def allocate(

@@ -213,6 +213,12 @@ class StrategyPlan:
     taken: dict[str, int] = field(default_factory=dict)  # whole batches taken, per flavour
     # (start, end, rows) of each timed whole batch as its worker saw it, per flavour
     spans: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
+    # split batches whose parts ran on the whole-batch workers (processes): their parts'
+    # (start, end, rows), one worker's rate a part, the rates they were taken in at
+    split_spans: list[tuple[float, float, int]] = field(default_factory=list)
+    split_parts: list[float] = field(default_factory=list)
+    split_takes: list[float] = field(default_factory=list)
+    parts_taken: int = 0
     choice: StrategyChoice | None = None
     streams: int = 0  # the streams it has planned
     flavour: str = ""  # what builds the next whole batch
@@ -267,6 +273,33 @@ class StrategyPlan:
         if self._count("split") > 1 and seconds > 0:
             self.split_rates.append(rows / seconds)
 
+    def split_taken(self, rows: int, take: float, spans: list[tuple[float, float, int]]) -> None:
+        """A split batch of ``rows`` whose parts ran on the whole-batch workers (``spans``:
+        each part's start, end and rows on the clock of ``time.monotonic``), taken in by
+        the stream in ``take`` seconds. Rated as whole batches are (:func:`together`),
+        since its parts overlap the next batch's: the first one is not (the start)."""
+        self.parts_taken += 1
+        if not self.measuring() or self.parts_taken <= 1 or take <= 0:
+            return
+        self.split_takes.append(rows / take)
+        self.split_spans.extend(spans)
+        each = [n / (e - s) for s, e, n in spans if e > s]
+        if each:  # one worker's rate, where they were never seen together
+            self.split_parts.append(statistics.median(each))
+
+    def split_rate(self) -> float | None:
+        """Split's rows a second: a batch's rows over the time the pool took for it, or,
+        split into parts on the workers, as built (all at once, else one worker's rate
+        times the workers), capped by the rate the stream took the batches in at."""
+        if not self.split_spans:
+            return _median(self.split_rates)
+        built = together(self.split_spans, self.workers)
+        if built is None:
+            one = _median(self.split_parts)
+            built = None if one is None else one * self.workers
+        take = _median(self.split_takes)
+        return None if built is None or take is None else min(built, take)
+
     def whole_taken(
         self,
         rows: int,
@@ -293,7 +326,7 @@ class StrategyPlan:
             self.choice = choose_among(self.all_figures())
 
     def all_figures(self) -> dict[str, StrategyFigures]:
-        split = _median(self.split_rates)
+        split = self.split_rate()
         return {
             f: StrategyFigures(
                 self.workers,

@@ -140,7 +140,7 @@ class Streams:
         plan = self.plan(strategy, (fn, samples, repr(sorted(options.items()))), flavours)
         submit = Submitter(
             plan, samples, split, finished, fn, options, self.whole_workers if flavour else None,
-            isolate=isolate, timeout=timeout,
+            isolate=isolate, timeout=timeout, parts=executor == "processes" == flavour,
         )  # fmt: skip
         stream = Stream(split, batches, prefetch, submit=submit)
         if meter is not None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._output import Output
+from ._parts import DeliveredParts, PartsDelivery
 from ._policy import Policy
 from ._rows import Rows, SampleRows, rows_of
 from ._strategy import StrategyPlan
@@ -135,12 +136,17 @@ class Submitter:
         workers: Callable[[str], Any] | None,
         isolate: Callable[[], Executor],
         timeout: float | None,
+        parts: bool = False,
     ) -> None:
         self.plan, self.samples = plan, samples
         self.split, self._finish, self.isolate = split, finish, isolate
         self.pick, self.timeout, self.fn = workers, timeout, fn
         self.policy = policy_of(options)
         self.senders: dict[str, _Sender] = {}  # by flavour, made on first use
+        # split batches go in parts to the whole-batch processes (no barrier), not through
+        # the pool's map_rows: a stream of executor='processes'
+        self.parts = parts
+        self.delivered_parts: DeliveredParts | None = None
 
     def __call__(self, batch: Any) -> Any:
         from ._stream import Ran
@@ -152,6 +158,8 @@ class Submitter:
             except BaseException as exc:  # raised in its place in the order, as split's are
                 return Ran(error=exc)
         if self.plan.next(ready) == "split":
+            if self.parts:
+                return self._parts(batch)
             t = time.perf_counter()
             ran = Ran.of(self.split, batch)
             if ran.error is None and self.plan.timed:
@@ -166,6 +174,30 @@ class Submitter:
         except BaseException as exc:  # raised in its place in the order, as split's are
             return Ran(error=exc)
         return Delivery(ticket, functools.partial(self._take, sender), self.plan, flavour)
+
+    def _parts(self, batch: Any) -> Any:
+        """The batch split into a part per worker on the whole-batch processes (``_parts``)."""
+        from ._stream import Ran
+
+        try:
+            rows = SampleRows(list(batch)) if self.samples else rows_of(batch)
+            return self._submit_parts(rows)
+        except BaseException as exc:  # raised in its place in the order, as split's are
+            return Ran(error=exc)
+
+    def _submit_parts(self, rows: Rows, guess: bool = True) -> PartsDelivery:
+        sender = self._sender("processes")
+        if self.delivered_parts is None:
+            resubmit = functools.partial(self._submit_parts, guess=False)
+            self.delivered_parts = DeliveredParts(self.isolate, resubmit)
+        delivered = self.delivered_parts
+        workers = sender.workers
+        into = delivered.output_for(rows, self.policy) if guess else None
+        tickets = workers.submit_parts(
+            sender.key, rows, self.policy, self.timeout, workers.workers, into
+        )
+        finish = lambda tickets: self._finish(delivered.take(tickets), rows)  # noqa: E731
+        return PartsDelivery(tickets, finish, self.plan)
 
     def _sender(self, flavour: str) -> _Sender:
         sender = self.senders.get(flavour)

@@ -11,6 +11,7 @@ import itertools
 
 import torch
 
+from .._output import shared_empty
 from .._rows import Rows, SampleRows, TensorRows
 from ..errors import ConfigError
 from ._transport import check_shm
@@ -48,7 +49,7 @@ class Arena:
                 buf.copy_(c)
             else:
                 key, owned = next(self._keys), True
-                buf = torch.empty(c.shape, dtype=c.dtype).share_memory_()
+                buf = shared_empty(c.shape, c.dtype)
                 buf.copy_(c)
             arena.append((key, buf, owned))
             keys.append(key)

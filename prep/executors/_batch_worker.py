@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from . import _fdpipe
-from ._worker import _error, _watch_parent, limit_threads, run_chunk
+from ._worker import _error, _watch_parent, limit_threads, run_chunk, write_rows
 
 #: row functions a worker keeps loaded, by key (streams that alternate stay warm)
 KEEP = 4
@@ -30,17 +30,22 @@ _last_bytes: dict[str, int] = {}
 
 
 def run_whole(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``("whole", seq, started, ended, reply)`` for ``("whole", seq, key, rows, policy)``;
-    the reply is :func:`_worker.run_chunk`'s over every row."""
-    _, seq, key, rows, policy = msg
+    """``("whole", seq, started, ended, reply)`` for ``("whole", seq, key, rows, policy,
+    into)``; the reply is :func:`_worker.run_chunk`'s over every row, or, where the
+    parent made the batch's output (``into``, shared), :func:`_worker.write_rows`'."""
+    _, seq, key, rows, policy, into = msg
     started = time.monotonic()
+    start = rows.offset  # a part of a batch is a window of its rows (batch row numbers)
+    if into is not None:
+        reply = write_rows(fn, rows, into, start, start + len(rows))
+        return ("whole", seq, started, time.monotonic(), reply)
     # equal rows: the output is made in shared memory, written once. Ragged rows grow
     # their output a few times a batch, and each shared growth costs a new segment:
     # they grow in private memory, and _fdpipe copies the final one into shared memory.
     # An output as small as the last one was travels in the message: no segment at all
     small = _last_bytes.get(key, _fdpipe.INLINE + 1) <= _fdpipe.INLINE
     shared = policy.padding is None and not small
-    reply = run_chunk(fn, rows, 0, len(rows), policy=policy, shared=shared)
+    reply = run_chunk(fn, rows, start, start + len(rows), policy=policy, shared=shared)
     if reply[0] == "chunk" and reply[3] is not None:
         _last_bytes[key] = max(b.nbytes for b in reply[3].buffers)
     return ("whole", seq, started, time.monotonic(), reply)

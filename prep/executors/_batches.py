@@ -43,13 +43,14 @@ from collections import deque
 from multiprocessing import connection
 from typing import Any
 
+from .._output import Output
 from .._policy import Policy
 from .._rows import Rows
 from ..errors import ConfigError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn
-from ._base import threads_per_worker
+from ._base import split, threads_per_worker
 from ._handles import Worker
-from ._ring import Ring
+from ._ring import Loan, Ring
 from ._ticket import Ticket, value_of
 from ._transport import pickle_fn
 
@@ -81,17 +82,15 @@ class _Lane:
         self.worker = worker
         return tickets
 
+    def load(self) -> tuple[int, float]:
+        """How busy it is: the batches in hand, then when its current one began (the
+        earlier, the likelier it is free first)."""
+        return (len(self.tickets), (self.tickets[0].started or 0.0) if self.tickets else 0.0)
+
     @staticmethod
     def freest(lanes: list[_Lane]) -> _Lane:
-        """The lane with the fewest batches in hand; of those, the one whose current
-        batch began first (it is likely to be free first)."""
-        return min(
-            lanes,
-            key=lambda lane: (
-                len(lane.tickets),
-                (lane.tickets[0].started or 0.0) if lane.tickets else 0.0,
-            ),
-        )
+        """The lane likely to be free first (:meth:`load`)."""
+        return min(lanes, key=_Lane.load)
 
 
 class ProcessBatches:
@@ -180,6 +179,47 @@ class ProcessBatches:
             self._send(_Lane.freest(self._lanes), ticket)
         return ticket
 
+    def submit_parts(
+        self,
+        key: str,
+        rows: Rows,
+        policy: Policy,
+        timeout: float | None,
+        parts: int,
+        into: Output | None = None,
+    ) -> list[Ticket]:
+        """The batch cut into ``parts`` row ranges, each a ticket of its own on the worker
+        likely to be free first (a worker takes its tickets in order, so one that
+        finishes its part of this batch starts its part of the next one at once: no
+        barrier between batches). Each worker replies with its rows as a chunk of the
+        batch (``Ticket.reply``: batch row numbers, for ``_worker.merge_chunk``). The
+        batch's tensors travel once, in one loan from the ring, given back when every
+        part is settled; each part's deadline is the batch's ``timeout``. Given ``into``
+        (the batch's output, in shared memory), each worker writes its rows there in
+        place and replies "done"."""
+        _check_on_cpu(rows)
+        bounds = split(0, len(rows), parts)
+        lent = self._ring.lend(rows)
+        wire = rows if lent is None else lent[0]
+        loan = None if lent is None else Loan(self._ring, lent[1], len(bounds))
+        tickets = []
+        for start, stop in bounds:
+            ticket = Ticket(self, rows.window(start, stop), policy, timeout)
+            ticket.key, ticket.part, ticket.into = key, (start, stop), into
+            ticket.wire = wire.window(start, stop)
+            if loan is not None:
+                ticket.on_settled = loan.settled
+            tickets.append(ticket)
+        with self._lock:
+            self._ensure_started()
+            self._read_ready()
+            # a part for each worker, the first for the freest: every worker has one part
+            # of each batch, so none runs out of work while another holds two of them
+            lanes = sorted(self._lanes, key=_Lane.load)
+            for lane, ticket in zip(itertools.cycle(lanes), tickets):
+                self._send(lane, ticket)
+        return tickets
+
     def _read_ready(self) -> None:
         """Read the replies already waiting on every worker's pipe (never waits), so that
         a batch done but not yet asked for does not count as work in hand."""
@@ -206,7 +246,7 @@ class ProcessBatches:
             lane.keys.add(key)
         ticket.lane, ticket.seq = lane, next(self._seq)
         rows = ticket.wire if ticket.wire is not None else ticket.rows
-        _fdpipe.send(lane.worker.conn, ("whole", ticket.seq, key, rows, ticket.policy))
+        _fdpipe.send(lane.worker.conn, ("whole", ticket.seq, key, rows, ticket.policy, ticket.into))
         if not lane.tickets:
             ticket.started = time.monotonic()
         lane.tickets.append(ticket)
@@ -252,6 +292,7 @@ class ProcessBatches:
             return  # read, so its shared memory is released; nobody wants it
         ticket.busy, ticket.transfer = (t1 - t0 if t1 else None), transfer
         ticket.span = (t0, t1) if t1 else None
+        ticket.reply = reply
         value, error = value_of(reply, self._fns.get(ticket.key, (None,))[0])
         ticket.resolve(value, error)
 
@@ -270,13 +311,13 @@ class ProcessBatches:
             head.crashed = True
             head.resolve(
                 error=WorkerCrashed(
-                    f"worker pid {pid} died with {how} while it built a batch of "
-                    f"{len(head.rows)} rows; likely causes: a segfault or abort in the row "
+                    f"worker pid {pid} died with {how} while it built "
+                    f"{head.describe()}; likely causes: a segfault or abort in the row "
                     f"function (or a library it calls), or the OS killed the worker for "
                     f"memory (see dmesg). A new worker takes its place",
                     pid=pid,
                     exitcode=w.proc.exitcode,
-                    rows=(0, len(head.rows)),
+                    rows=head.part or (0, len(head.rows)),
                 )
             )
             self._resend(lane, rest)

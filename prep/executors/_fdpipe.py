@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._output import shared_empty
+
 __all__ = ["recv", "send"]
 
 #: tensors up to this many bytes are copied into the message instead of shared
@@ -49,7 +51,7 @@ class _Pickler(pickle.Pickler):
         storage = obj.untyped_storage()
         fd_size = _fd_of(storage) if storage.is_shared() else None
         if fd_size is None:  # a copy in shared memory; the caller's stays as it is
-            obj = torch.empty(obj.shape, dtype=obj.dtype).share_memory_().copy_(obj)
+            obj = shared_empty(obj.shape, obj.dtype).copy_(obj)
             storage = obj.untyped_storage()
             fd_size = _fd_of(storage)
             assert fd_size is not None, "a tensor prep shared has a file descriptor"

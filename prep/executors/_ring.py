@@ -15,10 +15,11 @@ from collections import deque
 
 import torch
 
+from .._output import shared_empty
 from .._rows import Rows, TensorRows
 from . import _fdpipe
 
-__all__ = ["Ring"]
+__all__ = ["Loan", "Ring"]
 
 
 class Ring:
@@ -60,7 +61,7 @@ class Ring:
                 if buf.nbytes == nbytes:
                     self._idle.remove(buf)
                     return buf
-        return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+        return shared_empty((nbytes,), torch.uint8)
 
     def give_back(self, bufs: list[torch.Tensor]) -> None:
         with self._lock:
@@ -71,3 +72,20 @@ class Ring:
     def clear(self) -> None:
         with self._lock:
             self._idle.clear()
+
+
+class Loan:
+    """Buffers lent for one batch that travels as several tickets (its parts): given
+    back to the ring when the last of them is settled."""
+
+    def __init__(self, ring: Ring, bufs: list[torch.Tensor], holders: int) -> None:
+        self.ring, self.bufs, self.holders = ring, bufs, holders
+        self._lock = threading.Lock()
+
+    def settled(self) -> None:
+        """One holder is settled (each calls this once)."""
+        with self._lock:
+            self.holders -= 1
+            last = self.holders == 0
+        if last:
+            self.ring.give_back(self.bufs)

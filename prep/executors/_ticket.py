@@ -1,5 +1,5 @@
-"""A whole batch handed to a worker: the ``concurrent.futures`` shape of a stream's
-batches in flight (:mod:`prep.executors._batches` for processes,
+"""A whole batch (or a part of one) handed to a worker: the ``concurrent.futures``
+shape of a stream's batches in flight (:mod:`prep.executors._batches` for processes,
 :mod:`prep.executors._batch_threads` for threads)."""
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class Ticket:
         self.lane: Any = None  # the worker that holds it (processes)
         self.seq = -1  # its number on that worker's pipe (processes)
         self.wire: Rows | None = None  # the rows as sent (in the ring's memory), if not rows
+        # rows start:stop of a batch split into parts (``rows`` is that window), else None
+        self.part: tuple[int, int] | None = None
+        self.reply: tuple[Any, ...] | None = None  # its worker's reply as it came (processes)
+        self.into: Output | None = None  # the batch's output its part is written into, if any
         self.on_settled: Any = None  # called once when it is settled (gives the ring back)
         self._done = threading.Event()
         self._value: Value | None = None
@@ -87,16 +91,23 @@ class Ticket:
             return None
         return self.timeout - (now - self.started)
 
+    def describe(self) -> str:
+        """What it holds, for an error: "the batch of 64 rows", or "rows 32-63 of a batch"."""
+        if self.part is None:
+            return f"the batch of {len(self.rows)} rows"
+        return f"rows {self.part[0]}-{self.part[1] - 1} of a batch"
+
     def timed_out(self, what_now: str) -> BatchTimeout:
         return BatchTimeout(
-            f"the batch of {len(self.rows)} rows did not finish within "
-            f"timeout={self.timeout} s; {what_now}"
+            f"{self.describe()} did not finish within timeout={self.timeout} s; {what_now}"
         )
 
 
 def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Value | None, BaseException | None]:
     """A worker's reply (``_worker.run_chunk``'s, or a load error) as a value or an error."""
     tag = reply[0]
+    if tag == "done":  # a part written in place, into its ticket's ``into``
+        return (None, {}), None
     if tag == "chunk":
         _, _, _, output, failed = reply
         errors: dict[int, BaseException] = {}

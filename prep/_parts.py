@@ -1,0 +1,143 @@
+"""A stream's split batches on worker processes, with no barrier between batches.
+
+``map_rows`` on a process pool runs one batch at a time: every worker takes
+ranges of it, and the batch ends at a barrier (the workers idle while the
+slowest range finishes, then the parent takes the output in and sends the next
+batch). A stream of ``processes`` splits its batches here instead: each batch
+is cut into one part per worker, and each part is a ticket on the pool's
+whole-batch workers (``executors._batches``), which take their tickets in
+order. With ``prefetch`` batches submitted, a worker that finishes its part of
+batch k starts on its part of batch k+1 at once::
+
+    stream's thread                                 worker w (one of N)
+    ───────────────                                 ───────────────────
+    submit batch k: N parts ───── ("whole", rows a:b) ──▶ rows a:b ─▶ a chunk
+    submit batch k+1: N parts ─── ("whole", rows c:d) ──▶ (next, at once)
+    take batch k: each part's chunk ◀── its fds ───────────┘
+      merged into one output (merge_chunk), then finished as map_rows does
+
+The parts come back as chunks (batch row numbers), merged by
+``_worker.merge_chunk``, the merge ``processes`` uses for chunked rows (``pad=``,
+``on_error=``), and the batch is then finished by ``_batch.run`` as any batch
+is: so it returns what serial returns, bit for bit. A part that fails fails the
+batch with the lowest row's error, as serial would raise it; a worker that dies
+under ``on_error='fill'``/``'skip'`` has the batch run again through the
+pool's ``processes``, which isolates the row that killed it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._output import Output
+from ._policy import Policy
+from ._rows import Rows
+from ._strategy import StrategyPlan
+from .errors import StackError
+from .executors import Executor, Job
+from .executors._base import first_error
+from .executors._fdpipe import INLINE
+from .executors._ticket import Ticket
+from .executors._transport import shm_fits
+from .executors._worker import merge_chunk
+
+__all__ = ["DeliveredParts", "PartsDelivery"]
+
+
+class DeliveredParts(Executor):
+    """The executor ``_batch.run`` sees for a stream's split batches: the output is
+    merged from the parts :meth:`take` is given. One per stream, as
+    ``_whole._Delivered`` is; ``isolate`` is the pool's ``processes``."""
+
+    name = "split processes"
+    needs_processes = True
+
+    def __init__(self, isolate: Callable[[], Executor], resubmit: Callable[[Rows], Any]) -> None:
+        super().__init__(1)
+        self.isolate, self.resubmit = isolate, resubmit
+        self.tickets: list[Ticket] = []
+        self._like: Output | None = None  # a 0-row output shaped like the last batch's
+
+    def output_for(self, rows: Rows, policy: Policy) -> Output | None:
+        """The batch's output, made here in shared memory for the workers to write in
+        place, shaped as the last batch's was; None where it is not known (the first
+        batch), where rows may differ in size or fail alone (``pad=``, ``on_error=``:
+        their parts come back as chunks), or where /dev/shm has no room for it."""
+        like = self._like
+        if (
+            like is None
+            or not policy.plain
+            or any(b.nbytes <= INLINE for b in like.like(len(rows)).buffers)
+        ):
+            return None
+        if not shm_fits(len(rows) * sum(b[0].nbytes for b in like.like(1).buffers)):
+            return None
+        return like.like(len(rows), shared=True)
+
+    def take(self, tickets: list[Ticket]) -> DeliveredParts:
+        self.tickets = tickets  # one stream's producer thread is its only caller
+        return self
+
+    def run(self, job: Job) -> Output | None:
+        tickets, self.tickets = self.tickets, []
+        errors: list[BaseException] = []
+        for t in tickets:
+            try:
+                t.result()
+            except BaseException as exc:
+                errors.append(exc)
+        if errors and job.policy.per_row_errors and any(t.crashed for t in tickets):
+            return self.isolate().run(job)  # the row that killed a worker fails alone
+        guessed = tickets[0].into
+        if guessed is not None and any(isinstance(e, StackError) for e in errors):
+            # rows unlike last batch's: run the batch again as the first one ran, so that
+            # the error names what serial names (or it is no error: its own shape)
+            self._like = None
+            return self.take(self.resubmit(job.rows).tickets).run(job)
+        if errors:
+            raise first_error(errors)
+        if guessed is not None:
+            job.adopt(guessed)
+        for t in tickets:
+            assert t.reply is not None, "a part resolved without an error has its reply"
+            if guessed is None:
+                merge_chunk(job, t.reply)
+            t.reply = None  # its chunk's shared memory goes once merged
+        if job.output is not None and job.policy.plain:
+            self._like = job.output.like(0)
+        return job.output
+
+
+class PartsDelivery:
+    """One split batch in flight, as the stream sees it: done once every part is;
+    :meth:`result` merges and finishes it (and gives the plan its figures)."""
+
+    def __init__(
+        self, tickets: list[Ticket], finish: Callable[[list[Ticket]], Any], plan: StrategyPlan
+    ) -> None:
+        self.tickets, self.finish, self.plan = tickets, finish, plan
+
+    def done(self) -> bool:
+        return all(t.done() for t in self.tickets)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        for t in self.tickets:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not t.wait(left):
+                return False
+        return True
+
+    def result(self) -> Any:
+        t = time.perf_counter()
+        value = self.finish(self.tickets)
+        take = time.perf_counter() - t + sum(x.transfer for x in self.tickets)
+        spans = [(x.span[0], x.span[1], len(x.rows)) for x in self.tickets if x.span]
+        self.plan.split_taken(sum(len(x.rows) for x in self.tickets), take, spans)
+        return value
+
+    def cancel(self) -> None:
+        for t in self.tickets:
+            t.cancel()
