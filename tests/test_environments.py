@@ -126,6 +126,11 @@ TOP_LEVEL_PROGRAM = (
         got = prep.map_rows(gil_bound, x, executor=name, workers=2)
         assert torch.equal(got, want), f"{name} differs from serial"
         checked.append(name)
+    with prep.Pool("processes", workers=2) as pool:
+        for strategy in ("split", "whole"):
+            outs = list(pool.imap(gil_bound, [x[:8], x[8:]], strategy=strategy))
+            assert torch.equal(torch.cat(outs), want), f"imap {strategy} differs"
+            checked.append(f"imap-{strategy}")
     explanation = auto_until_processes(gil_bound, x, want)
     checked.append("auto-pool")
     print(explanation)
@@ -204,7 +209,8 @@ def _report(done: subprocess.CompletedProcess) -> str:
 
 def _check_top_level_run(done: subprocess.CompletedProcess) -> None:
     assert done.returncode == 0, _report(done)
-    assert "EQUAL TO SERIAL: processes joblib threads auto auto-pool" in done.stdout, _report(done)
+    want = "EQUAL TO SERIAL: processes joblib threads auto imap-split imap-whole auto-pool"
+    assert want in done.stdout, _report(done)
     cores = int(done.stdout.split("cores ", 1)[1].split()[0])
     if cores >= 2:  # 10 ms of GIL a row: two worker processes halve it, threads cannot
         assert "FINAL choice: processes" in done.stdout, _report(done)
@@ -518,6 +524,12 @@ NOTEBOOK_CELLS = [
     k = 3
     got = prep.map_rows(lambda row: row * k, x, executor="processes", workers=2)
     assert torch.equal(got, x * 3), "a lambda of a cell, through processes"
+    """,
+    """
+    with prep.Pool("processes", workers=2) as pool:  # a stream, both ways of processes
+        for strategy in ("split", "whole"):
+            outs = list(pool.imap(gil_bound, [x[:8], x[8:16]], strategy=strategy))
+            assert torch.equal(torch.cat(outs), want[:16]), f"imap {strategy} differs"
     """,
     AUTO_UNTIL_PROCESSES_SOURCE,
     """

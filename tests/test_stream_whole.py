@@ -51,6 +51,9 @@ WAYS = [
     ("auto", "whole"),
 ]
 WHOLE = [("threads", "whole"), ("processes", "whole")]
+#: every way with several batches in flight: whole batches, and processes' split into
+#: parts on the whole-batch workers (``prep._parts``)
+IN_FLIGHT = [*WHOLE, ("processes", "split")]
 
 
 def busy_threads() -> list[threading.Thread]:
@@ -158,9 +161,9 @@ FNS[True, True] = ragged_failing
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+@pytest.mark.parametrize(("executor", "strategy"), IN_FLIGHT)
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "plain")
-def test_whole_batches_equal_serial_bit_for_bit(executor, strategy, options):
+def test_batches_in_flight_equal_serial_bit_for_bit(executor, strategy, options):
     batches = [list(range(k * 6, k * 6 + 6)) for k in range(8)]
     fn = FNS["pad" in options, "on_error" in options]
     warned = pytest.warns if options.get("on_error") else _nothing
@@ -227,7 +230,7 @@ class Source:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+@pytest.mark.parametrize(("executor", "strategy"), IN_FLIGHT)
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_at_most_prefetch_batches_in_flight_and_nothing_kept(executor, strategy, prefetch):
     source = Source(10)
@@ -254,7 +257,7 @@ def test_at_most_prefetch_batches_in_flight_and_nothing_kept(executor, strategy,
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+@pytest.mark.parametrize(("executor", "strategy"), IN_FLIGHT)
 def test_an_error_in_batch_k_leaves_the_next_batches_intact(executor, strategy):
     source = Source(12)
     got = []
@@ -270,22 +273,26 @@ def test_an_error_in_batch_k_leaves_the_next_batches_intact(executor, strategy):
 
 
 @pytest.mark.timeout(120)
-def test_a_crashed_worker_fails_its_batch_and_the_pool_goes_on(no_leaks):
+@pytest.mark.parametrize("strategy", ["whole", "split"])
+def test_a_crashed_worker_fails_its_batch_and_the_pool_goes_on(strategy, no_leaks):
     got = []
     with prep.Pool("processes", workers=2) as pool:
         with pytest.raises(prep.WorkerCrashed, match="died with exit code 3"):
-            for out in pool.imap(exit_on_9, Source(10), strategy="whole", prefetch=4):
+            for out in pool.imap(exit_on_9, Source(10), strategy=strategy, prefetch=4):
                 got.append(out)
         assert len(got) == 2
-        again = list(pool.imap(rowfns.affine, [batch(k) for k in range(6)], strategy="whole"))
+        again = list(pool.imap(rowfns.affine, [batch(k) for k in range(6)], strategy=strategy))
     assert all(torch.equal(o, batch(k) * 2 + 1) for k, o in enumerate(again))
 
 
 @pytest.mark.timeout(120)
-def test_a_crashed_worker_under_fill_is_one_failed_row(no_leaks):
+@pytest.mark.parametrize("strategy", ["whole", "split"])
+def test_a_crashed_worker_under_fill_is_one_failed_row(strategy, no_leaks):
     warned = pytest.warns(RuntimeWarning, match="1 of 4 rows failed")
     with prep.Pool("processes", workers=2) as pool, warned:
-        outs = list(pool.imap(exit_on_9, Source(8), strategy="whole", prefetch=4, on_error="fill"))
+        outs = list(
+            pool.imap(exit_on_9, Source(8), strategy=strategy, prefetch=4, on_error="fill")
+        )
     assert len(outs) == 8
     for k, out in enumerate(outs):
         want = batch(k) * 2 + 1
@@ -295,7 +302,7 @@ def test_a_crashed_worker_under_fill_is_one_failed_row(no_leaks):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+@pytest.mark.parametrize(("executor", "strategy"), IN_FLIGHT)
 def test_a_timeout_mid_stream(executor, strategy, no_leaks):
     got = []
     RELEASE.clear()
@@ -315,8 +322,8 @@ def test_a_timeout_mid_stream(executor, strategy, no_leaks):
 # ------------------------------------------------------------------ stopping
 
 
-def _stop_after_two(how: str, pool: prep.Pool, source: Source) -> None:
-    stream = pool.imap(even_batches_nap, source, strategy="whole", prefetch=4)
+def _stop_after_two(how: str, pool: prep.Pool, source: Source, strategy: str) -> None:
+    stream = pool.imap(even_batches_nap, source, strategy=strategy, prefetch=4)
     if how == "break":
         for k, _ in enumerate(stream):
             if k == 1:
@@ -332,12 +339,12 @@ def _stop_after_two(how: str, pool: prep.Pool, source: Source) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("executor", "strategy"), WHOLE)
+@pytest.mark.parametrize(("executor", "strategy"), IN_FLIGHT)
 @pytest.mark.parametrize("how", ["break", "close", "del"])
 def test_stopping_with_batches_in_flight_leaves_nothing(executor, strategy, how, no_leaks):
     source = Source(100)
     with prep.Pool(executor, workers=2) as pool:
-        _stop_after_two(how, pool, source)
+        _stop_after_two(how, pool, source, strategy)
         assert wait_until(lambda: not [t for t in busy_threads() if t.name == THREAD_NAME])
         assert source.pulled <= 2 + 4
         # the pool serves a new stream at once, its answers not mixed with the dropped ones
@@ -362,12 +369,13 @@ CTRL_C = """
 
     with prep.Pool({executor!r}, workers=2) as pool:
         try:
-            for seen, out in enumerate(pool.imap(lambda r: r * 2, batches(), strategy="whole")):
+            stream = pool.imap(lambda r: r * 2, batches(), strategy={strategy!r})
+            for seen, out in enumerate(stream):
                 if seen == 1:
                     os.kill(os.getpid(), signal.SIGINT)
                     time.sleep(30)
         except KeyboardInterrupt:
-            pass
+            del stream  # the user's last reference: the stream closes as it goes
     end = time.monotonic() + 20
     while left() and time.monotonic() < end:
         time.sleep(0.05)
@@ -376,9 +384,9 @@ CTRL_C = """
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("executor", ["processes", "threads"])
-def test_ctrl_c_with_whole_batches_in_flight(executor):
-    code = textwrap.dedent(CTRL_C.format(root=ROOT, executor=executor))
+@pytest.mark.parametrize(("executor", "strategy"), IN_FLIGHT)
+def test_ctrl_c_with_batches_in_flight(executor, strategy):
+    code = textwrap.dedent(CTRL_C.format(root=ROOT, executor=executor, strategy=strategy))
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=ROOT
     )
@@ -399,8 +407,8 @@ SCRIPT = """
 
     batches = [torch.full((5, 2), float(k)) for k in range(8)]
     pool = prep.Pool("processes", workers=2)
-    a = list(pool.imap(times_scale, batches, strategy="whole"))
-    b = list(pool.imap(lambda r: r + scale, batches, strategy="whole"))
+    a = list(pool.imap(times_scale, batches, strategy={strategy!r}))
+    b = list(pool.imap(lambda r: r + scale, batches, strategy={strategy!r}))
     ok = all(torch.equal(x, k * 3 * torch.ones(5, 2)) for k, x in enumerate(a))
     ok = ok and all(torch.equal(x, (k + 3) * torch.ones(5, 2)) for k, x in enumerate(b))
     pool.close()
@@ -409,9 +417,10 @@ SCRIPT = """
 
 
 @pytest.mark.timeout(120)
-def test_a_row_function_in_an_unguarded_main_script(tmp_path):
+@pytest.mark.parametrize("strategy", ["whole", "split"])
+def test_a_row_function_in_an_unguarded_main_script(tmp_path, strategy):
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(root=ROOT)))
+    script.write_text(textwrap.dedent(SCRIPT.format(root=ROOT, strategy=strategy)))
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=90, cwd=tmp_path
     )
