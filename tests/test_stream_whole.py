@@ -290,9 +290,7 @@ def test_a_crashed_worker_fails_its_batch_and_the_pool_goes_on(strategy, no_leak
 def test_a_crashed_worker_under_fill_is_one_failed_row(strategy, no_leaks):
     warned = pytest.warns(RuntimeWarning, match="1 of 4 rows failed")
     with prep.Pool("processes", workers=2) as pool, warned:
-        outs = list(
-            pool.imap(exit_on_9, Source(8), strategy=strategy, prefetch=4, on_error="fill")
-        )
+        outs = list(pool.imap(exit_on_9, Source(8), strategy=strategy, prefetch=4, on_error="fill"))
     assert len(outs) == 8
     for k, out in enumerate(outs):
         want = batch(k) * 2 + 1
