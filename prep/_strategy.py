@@ -1,17 +1,20 @@
 """How a stream runs its batches: split each across the workers, or whole batches per worker.
 
-``split`` runs one batch at a time on every worker (the pool's executor, as
-``map_rows`` does): the lowest latency a batch, but each batch ends at a
-barrier (the workers idle while the slowest range finishes, then the parent
-merges and dispatches the next). ``whole`` gives each worker whole batches,
-several in flight, as the DataLoader does: no barrier, but a batch takes one
-worker's time for all its rows. ``auto`` measures both on the stream itself and
-keeps the faster; :func:`choose_strategy` is that decision, a pure function of
-the figures, so that it can be tested with figures of any machine.
+``split`` runs each batch on every worker: through the pool's executor, as
+``map_rows`` does, one batch at a time, so each batch ends at a barrier (the
+workers idle while the slowest range finishes, then the parent merges and
+dispatches the next); on ``processes``, one part per worker on the whole-batch
+workers, several batches in flight and no barrier (``prep._parts``). ``whole``
+gives each worker whole batches, several in flight, as the DataLoader does: no
+barrier, but a batch takes one worker's time for all its rows. ``auto`` measures
+both on the stream itself and keeps the faster; :func:`choose_strategy` is that
+decision, a pure function of the figures, so that it can be tested with figures
+of any machine.
 
 The figures are rates in rows per second, each the median over a few batches:
 
-- ``split``: a batch's rows over the time the pool took to run it;
+- ``split``: a batch's rows over the time the pool took to run it; split into
+  parts on processes, as whole batches are rated (below), from the parts;
 - ``whole``: the rows a second while every worker was building a batch at once,
   from the workers' own start and end times (so a slow consumer does not hide
   it, and threads that take turns at the GIL show as such); where the workers

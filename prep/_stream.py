@@ -10,15 +10,17 @@
     result = call(batch)    (one pool batch)               ▼
     results.put(result) ──── queue.Queue(prefetch) ──▶ train_step(result k)
 
-One producer thread, not several: prep's executors run one batch at a time (a
-pool holds a lock; a process pool's pipes carry one conversation), so a second
-producer would only wait on that lock. What overlaps is the preprocessing of
-batches k+1..k+prefetch, pulling them from ``batches`` included, with the
-consumer's own work on batch k (a training step, mostly GPU kernels and torch
-ops that release the GIL). Memory stays bounded: a slot is taken before a batch
-is pulled and given back when the consumer takes its result, so at most
-``prefetch`` results wait or are being made, besides the one the consumer
-holds: ``prefetch + 1`` outputs alive.
+One producer thread, not several: ``submit`` hands a batch over and returns a
+handle (the ``concurrent.futures`` shape), so batches that run elsewhere (whole
+batches, or a batch split into parts on worker processes) are several in flight
+at once, while a batch run in the pool itself (a pool holds a lock; a process
+pool's pipes carry one conversation) runs in this thread, one at a time. What
+overlaps is the preprocessing of batches k+1..k+prefetch, pulling them from
+``batches`` included, with the consumer's own work on batch k (a training step,
+mostly GPU kernels and torch ops that release the GIL). Memory stays bounded: a
+slot is taken before a batch is pulled and given back when the consumer takes
+its result, so at most ``prefetch`` results wait or are being made, besides the
+one the consumer holds: ``prefetch + 1`` outputs alive.
 
 An error, raised by ``call`` or by ``batches``, reaches the consumer in its
 place in the order, after the results before it, with its own type and

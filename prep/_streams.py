@@ -3,7 +3,8 @@ per function and options (so an epoch loop pays the strategy trial once), and th
 latest plans, which ``Pool.explain()`` describes.
 
     Pool.imap ─▶ Streams.open ─▶ Stream(submit=Submitter)
-                                   │ split: the pool's map_rows, in the stream's thread
+                                   │ split: the pool's map_rows, in the stream's thread;
+                                   │        on processes, parts on ProcessBatches (_parts)
                                    └ whole: ProcessBatches / ThreadBatches (kept here)
 """
 

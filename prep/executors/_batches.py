@@ -25,6 +25,10 @@ worker in its place, so a failure in one batch never touches another.
 The deadline of a batch counts from when its worker could start it: when the
 batch was sent to an idle worker, else when its worker's previous reply was read.
 
+A stream's split batches use the same workers (:meth:`submit_parts`): one part
+of each batch per worker, each part a ticket of its own, so a worker that
+finishes its part of batch k starts its part of batch k+1 at once.
+
 A batch's tensors travel in shared memory taken from a small ring (:class:`_Ring`)
 and given back once the batch is settled, whatever became of it: a new segment
 costs the first touch of its pages in both processes (about 0.5 ms a megabyte
