@@ -62,21 +62,21 @@ def run(
     bar = RowProgress(n) if progress else None
     advance = bar.advance if bar is not None else None
     staging = _staging(given, rows, device)
-    job = Job(fn, rows, staging, timeout, pin, policy=policy, progress=advance)
+    job = Job.new(fn, rows, staging, timeout, policy=policy, pin=pin, progress=advance)
     try:
         result = given if n == 0 and given is not None else ex.run(job)
     finally:
         if bar is not None:
             bar.close()
     if result is None:
-        raise _no_shape(n, job.failures, policy)
+        raise _no_shape(n, job.sink.failures, policy)
     check_named(  # serial is the reference: the first batch of each function, once
         ex, fn, rows, result, other_interpreter=ex.needs_processes, twin=ex.batched_twin(fn),
-        failed=job.failures.rows(),
+        failed=job.sink.failures.rows(),
     )  # fmt: skip
     result.finish()
-    if job.failures:
-        job.failures.warn(n, policy)
+    if job.sink.failures:
+        job.sink.failures.warn(n, policy)
     return _returned(job, result, given, device, returns)
 
 
@@ -103,13 +103,13 @@ def _returned(
     if given is not None and result is not given:
         result = copy_rows(given, result)
     valid = torch.ones(n, dtype=torch.bool)
-    valid[job.failures.rows()] = False
-    if policy.on_error == "skip" and job.failures:
+    valid[job.sink.failures.rows()] = False
+    if policy.on_error == "skip" and job.sink.failures:
         keep = valid.nonzero().flatten()
         result = Output(result.spec, [b.index_select(0, keep.to(b.device)) for b in result.buffers])
         lengths = _select(lengths, keep) if lengths is not None else None
     out_value = _to(result, device)
-    errors = dict(sorted(job.failures.errors.items()))
+    errors = dict(sorted(job.sink.failures.errors.items()))
     asked = ((lengths, returns.lengths), (valid, returns.valid), (errors, returns.errors))
     extra = [x for x, wanted in asked if wanted]
     return (out_value, *extra) if extra else out_value

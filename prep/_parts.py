@@ -99,15 +99,15 @@ class DeliveredParts(Executor):
         if errors:
             raise first_error(errors)
         if guessed is not None:
-            job.adopt(guessed)
+            job.sink.adopt(guessed)
         for t in tickets:
             assert t.reply is not None, "a part resolved without an error has its reply"
             if guessed is None:
                 merge_chunk(job, t.reply)
             t.reply = None  # its chunk's shared memory goes once merged
-        if job.output is not None and job.policy.plain:
-            self._like = job.output.like(0)
-        return job.output
+        if job.sink.output is not None and job.policy.plain:
+            self._like = job.sink.output.like(0)
+        return job.sink.output
 
 
 class PartsDelivery:

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ConfigError
 
 __all__ = [
     "STRATEGIES",
+    "Arm",
     "StrategyChoice",
     "StrategyFigures",
     "StrategyPlan",
@@ -195,6 +197,45 @@ def together(spans: list[tuple[float, float, int]], workers: int) -> float | Non
 
 
 @dataclass
+class Arm:
+    """What one way of running a stream's batches measured: split, or whole batches on
+    one flavour of workers. Rates are rows a second."""
+
+    submitted: int = 0  # batches sent this way
+    taken: int = 0  # of those, taken in by the stream
+    batch_rates: list[float] = field(default_factory=list)  # a batch run at once (split)
+    worker_rates: list[float] = field(default_factory=list)  # one worker, a batch or part
+    take_rates: list[float] = field(default_factory=list)  # the stream taking them in
+    # (start, end, rows) of each batch or part as its worker saw it (time.monotonic)
+    spans: list[tuple[float, float, int]] = field(default_factory=list)
+
+    def worker(self) -> float | None:
+        return _median(self.worker_rates)
+
+    def take(self) -> float | None:
+        return _median(self.take_rates)
+
+    def built(self, workers: int, independent: bool) -> float | None:
+        """The rate the workers built at: as seen while all ran at once, else one
+        worker's rate, times the workers where they share no lock."""
+        seen = together(self.spans, workers)
+        if seen is not None:
+            return seen
+        one = self.worker()
+        return None if one is None else one * (workers if independent else 1)
+
+    def note(self, rows: int, busy: float | None, take: float, span: Any) -> None:
+        """A batch (or part) of ``rows``: its worker's ``busy`` seconds and ``span``, and
+        the stream's ``take`` seconds to take it in; where measurable."""
+        if not busy or take <= 0:
+            return
+        self.worker_rates.append(rows / busy)
+        self.take_rates.append(rows / take)
+        if span is not None:
+            self.spans.append((span[0], span[1], rows))
+
+
+@dataclass
 class StrategyPlan:
     """Which strategy each batch of one stream takes. Fixed, or ``auto``: batches
     split, untimed, while any flavour's workers start; then a few split (the first
@@ -209,19 +250,8 @@ class StrategyPlan:
     workers: int
     flavours: tuple[str, ...] = ("processes",)  # what may build whole batches
     SPLIT_TRIAL = 3
-    split_rates: list[float] = field(default_factory=list)
-    worker_rates: dict[str, list[float]] = field(default_factory=dict)
-    take_rates: dict[str, list[float]] = field(default_factory=dict)
-    submitted: dict[str, int] = field(default_factory=dict)  # split, and each flavour
-    taken: dict[str, int] = field(default_factory=dict)  # whole batches taken, per flavour
-    # (start, end, rows) of each timed whole batch as its worker saw it, per flavour
-    spans: dict[str, list[tuple[float, float, int]]] = field(default_factory=dict)
-    # split batches whose parts ran on the whole-batch workers (processes): their parts'
-    # (start, end, rows), one worker's rate a part, the rates they were taken in at
-    split_spans: list[tuple[float, float, int]] = field(default_factory=list)
-    split_parts: list[float] = field(default_factory=list)
-    split_takes: list[float] = field(default_factory=list)
-    parts_taken: int = 0
+    split: Arm = field(default_factory=Arm)
+    whole: dict[str, Arm] = field(default_factory=dict)  # by flavour
     choice: StrategyChoice | None = None
     streams: int = 0  # the streams it has planned
     flavour: str = ""  # what builds the next whole batch
@@ -229,25 +259,25 @@ class StrategyPlan:
 
     def __post_init__(self) -> None:
         self.flavour = self.flavours[0]
+        self.whole = {f: Arm() for f in self.flavours}
 
     @property
     def whole_trial(self) -> int:
         """Whole batches timed on each flavour before the choice (after ``workers``)."""
         return 3
 
-    def _count(self, name: str) -> int:
-        return self.submitted.get(name, 0)
-
     def measuring(self) -> bool:
         """Whether ``auto``'s trial is on (every flavour's workers must be ready first)."""
         return self.strategy == "auto" and self.choice is None
+
+    def _tried(self, flavour: str) -> bool:
+        return len(self.whole[flavour].worker_rates) >= self.whole_trial
 
     def trial_flavour(self) -> str:
         """The first flavour whose timed batches are not all taken in (else the last).
         Taken, not submitted: the next flavour's workers start (a process each) only
         once this one's figures are in, so that the start is not in them."""
-        done = lambda f: len(self.worker_rates.get(f, ())) >= self.whole_trial  # noqa: E731
-        return next((f for f in self.flavours if not done(f)), self.flavours[-1])
+        return next((f for f in self.flavours if not self._tried(f)), self.flavours[-1])
 
     def next(self, ready: bool = True) -> str:
         """The strategy of the next batch submitted ("split" or "whole"; :attr:`flavour`
@@ -265,42 +295,35 @@ class StrategyPlan:
             self.timed = False
             return "split"
         else:
-            if self._count("split") >= self.SPLIT_TRIAL:
+            if self.split.submitted >= self.SPLIT_TRIAL:
                 self.flavour = self.trial_flavour()
-            name = "split" if self._count("split") < self.SPLIT_TRIAL else "whole"
-        key = "split" if name == "split" else self.flavour
-        self.submitted[key] = self._count(key) + 1
+            name = "split" if self.split.submitted < self.SPLIT_TRIAL else "whole"
+        (self.split if name == "split" else self.whole[self.flavour]).submitted += 1
         return name
 
     def split_ran(self, rows: int, seconds: float) -> None:
-        if self._count("split") > 1 and seconds > 0:
-            self.split_rates.append(rows / seconds)
+        """A split batch of ``rows`` that the pool ran in ``seconds`` (the first is not
+        counted: a pool's start, auto's calibration)."""
+        if self.split.submitted > 1 and seconds > 0:
+            self.split.batch_rates.append(rows / seconds)
 
     def split_taken(self, rows: int, take: float, spans: list[tuple[float, float, int]]) -> None:
         """A split batch of ``rows`` whose parts ran on the whole-batch workers (``spans``:
         each part's start, end and rows on the clock of ``time.monotonic``), taken in by
-        the stream in ``take`` seconds. Rated as whole batches are (:func:`together`),
-        since its parts overlap the next batch's: the first one is not (the start)."""
-        self.parts_taken += 1
-        if not self.measuring() or self.parts_taken <= 1 or take <= 0:
+        the stream in ``take`` seconds. Rated as whole batches are, since its parts
+        overlap the next batch's; the first one is not (the workers' start)."""
+        self.split.taken += 1
+        if not self.measuring() or self.split.taken <= 1:
             return
-        self.split_takes.append(rows / take)
-        self.split_spans.extend(spans)
-        each = [n / (e - s) for s, e, n in spans if e > s]
-        if each:  # one worker's rate, where they were never seen together
-            self.split_parts.append(statistics.median(each))
+        for start, end, n in spans:  # each part's share of the taking
+            self.split.note(n, end - start, take * n / rows, (start, end))
 
     def split_rate(self) -> float | None:
         """Split's rows a second: a batch's rows over the time the pool took for it, or,
-        split into parts on the workers, as built (all at once, else one worker's rate
-        times the workers), capped by the rate the stream took the batches in at."""
-        if not self.split_spans:
-            return _median(self.split_rates)
-        built = together(self.split_spans, self.workers)
-        if built is None:
-            one = _median(self.split_parts)
-            built = None if one is None else one * self.workers
-        take = _median(self.split_takes)
+        split into parts on the workers, as built, capped by the taking."""
+        if not self.split.spans:
+            return _median(self.split.batch_rates)
+        built, take = self.split.built(self.workers, True), self.split.take()
         return None if built is None or take is None else min(built, take)
 
     def whole_taken(
@@ -315,17 +338,12 @@ class StrategyPlan:
         ``span``'s start to its end, on the clock of ``time.monotonic``) and the stream
         took in ``take``."""
         flavour = flavour or self.flavours[0]
-        self.taken[flavour] = self.taken.get(flavour, 0) + 1
-        complete = len(self.worker_rates.get(flavour, ())) >= self.whole_trial
-        if not self.measuring() or complete or self.taken[flavour] <= self.workers:
+        arm = self.whole[flavour]
+        arm.taken += 1
+        if not self.measuring() or self._tried(flavour) or arm.taken <= self.workers:
             return  # a worker's first batch pays its start; a choice made needs no more
-        if not busy or take <= 0:
-            return
-        self.worker_rates.setdefault(flavour, []).append(rows / busy)
-        self.take_rates.setdefault(flavour, []).append(rows / take)
-        if span is not None:
-            self.spans.setdefault(flavour, []).append((span[0], span[1], rows))
-        if all(len(self.worker_rates.get(f, ())) >= self.whole_trial for f in self.flavours):
+        arm.note(rows, busy, take, span)
+        if all(self._tried(f) for f in self.flavours):
             self.choice = choose_among(self.all_figures())
 
     def all_figures(self) -> dict[str, StrategyFigures]:
@@ -334,12 +352,12 @@ class StrategyPlan:
             f: StrategyFigures(
                 self.workers,
                 split,
-                _median(self.worker_rates.get(f, [])),
-                _median(self.take_rates.get(f, [])),
-                together(self.spans.get(f, []), self.workers),
+                arm.worker(),
+                arm.take(),
+                together(arm.spans, self.workers),
                 f in INDEPENDENT,
             )
-            for f in self.flavours
+            for f, arm in self.whole.items()
         }
 
     def figures(self) -> StrategyFigures:
@@ -348,9 +366,9 @@ class StrategyPlan:
 
     def describe(self) -> str:
         """A line for ``Pool.explain()``."""
-        ran = ", ".join(
-            f"{k if k == 'split' else 'whole on ' + k} {v}" for k, v in self.submitted.items()
-        )
+        counts = [("split", self.split.submitted)]
+        counts += [(f"whole on {f}", arm.submitted) for f, arm in self.whole.items()]
+        ran = ", ".join(f"{k} {v}" for k, v in counts if v)
         if self.strategy != "auto":
             return f"stream: strategy={self.strategy!r} (as asked); batches: {ran or 'none yet'}"
         if self.choice is None:

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ._kept import Kept
 from ._progress import CountBar
 from ._rows import Rows, rows_of
 from ._strategy import FLAVOUR, StrategyPlan, check_strategy
@@ -45,20 +46,13 @@ class Streams:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._whole: dict[str, Whole] = {}
+        self._whole: Kept[Whole] = Kept(lambda flavour: WHOLE[flavour](workers))
         self._kept: dict[Any, StrategyPlan] = {}
         self._latest: list[StrategyPlan] = []
         self._lock = threading.Lock()
-        self._closed = False
 
     def whole_workers(self, flavour: str) -> Whole:
-        with self._lock:
-            if self._closed:
-                raise ConfigError("the pool is closed; create a new prep.Pool")
-            ex = self._whole.get(flavour)
-            if ex is None:
-                ex = self._whole[flavour] = WHOLE[flavour](self.workers)
-            return ex
+        return self._whole.get(flavour)
 
     def plan(
         self, strategy: str, key: Any, flavours: tuple[str, ...] = ("processes",)
@@ -154,8 +148,4 @@ class Streams:
             return [p.describe() for p in self._latest]
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            whole, self._whole = self._whole, {}
-        for ex in whole.values():
-            ex.close()
+        self._whole.close()

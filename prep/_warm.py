@@ -9,55 +9,29 @@ executor: the row function checked against the rows, then ``prep._batch.run``.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ._batch import run
 from ._checks import check_fn, check_row_call
+from ._kept import Kept
 from ._options import Options
 from ._policy import ResultCheck
 from ._rows import Rows
 from ._state import WithState
-from .errors import ConfigError
 from .executors import Executor
 from .registry import make
 
 __all__ = ["Warm", "run_batch"]
 
 
-class Warm:
-    """The executors of ``workers`` workers each, by name, made on first use."""
+class Warm(Kept[Executor]):
+    """The executors of ``workers`` workers each, by name, made on first use (an
+    ``auto`` made here is handed :meth:`get`, to measure and run the pool's own)."""
 
     def __init__(self, workers: int) -> None:
+        super().__init__(lambda name: make(name, workers, self.get))
         self.workers = workers
-        self._executors: dict[str, Executor] = {}
-        # reentrant: making auto may ask for the executors it measures
-        self._lock = threading.RLock()
-        self.closed = False
-
-    def get(self, name: str) -> Executor:
-        """The executor named ``name`` (a ConfigError once closed)."""
-        with self._lock:
-            if self.closed:
-                raise ConfigError("the pool is closed; create a new prep.Pool")
-            ex = self._executors.get(name)
-            if ex is None:
-                ex = self._executors[name] = make(name, self.workers, self.get)
-            return ex
-
-    def made(self) -> list[Executor]:
-        """The executors made so far."""
-        with self._lock:
-            return list(self._executors.values())
-
-    def close(self) -> None:
-        """Close every executor made here. It is safe to call this several times."""
-        with self._lock:
-            self.closed = True
-            executors, self._executors = self._executors, {}
-        for ex in executors.values():
-            ex.close()
 
 
 def run_batch(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:

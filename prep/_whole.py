@@ -61,8 +61,8 @@ class _Delivered(Executor):
                 return self.isolate().run(job)
             raise
         for row, error in errors.items():
-            job.failures.add(row, error)
-        job.output = output
+            job.sink.failures.add(row, error)
+        job.sink.output = output
         self.ticket = None
         return output
 

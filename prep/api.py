@@ -136,6 +136,6 @@ def explain(
     if len(rows) == 0:
         raise ValueError("the batch has 0 rows: there is nothing to measure")
     n_workers = resolve_workers(workers)
-    job = Job(fn, rows, policy=Policy.of(pad, pad_to, on_error, fill))
+    job = Job.new(fn, rows, policy=Policy.of(pad, pad_to, on_error, fill))
     sample = Sample(job, SHARED.executors(n_workers), n_workers, not in_worker_process())
     return Explanation([Calibrator(sample).run()])

@@ -571,7 +571,7 @@ class InProcessPool(prep.executors.Executor):
     def run(self, job):
         self.runs += 1
         job.run_range(job.start, len(job.rows))
-        return job.output
+        return job.sink.output
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="processes are left out on one core")
@@ -595,7 +595,7 @@ def test_auto_starts_and_runs_any_executor_through_the_contract(monkeypatch):
 
     x = torch.arange(64.0).view(64, 1)
     with prep.auto.AutoExecutor(2, executors=executors) as auto:
-        job = Job(ms_row, rows_of(x))
+        job = Job.new(ms_row, rows_of(x))
         out = auto.run(job)
         (cal,) = auto.choices().values()
     pool = made["processes"]

@@ -390,19 +390,19 @@ def test_chunks_back_out_of_order_keep_the_lowest_good_rows_reference():
     from prep.executors._worker import merge_chunk
 
     rows = rows_of(torch.zeros(8, 2)).checking(ResultCheck(padded=False))
-    job = Job(double, rows, policy=Policy.of(on_error="fill", fill=-1))
+    job = Job.new(double, rows, policy=Policy.of(on_error="fill", fill=-1))
     late = Output.allocate(torch.ones(2, dtype=torch.float64), 4, row=4, offset=4)
     late.buffers[0].fill_(4.0)
     early = Output.allocate(torch.ones(2), 4, row=0, offset=0)
     early.buffers[0].fill_(1.0)
     merge_chunk(job, ("chunk", 4, 8, late, []))
     merge_chunk(job, ("chunk", 0, 4, early, []))
-    assert job.failures.rows() == [4, 5, 6, 7]
+    assert job.sink.failures.rows() == [4, 5, 6, 7]
     assert "row 4 returned a Tensor of shape (2,) float64, but row 0 returned" in str(
-        job.failures.errors[4]
+        job.sink.failures.errors[4]
     )
-    assert job.output is not None and job.output.buffers[0].dtype == torch.float32
-    assert job.output.buffers[0].tolist() == [[1.0, 1.0]] * 4 + [[-1.0, -1.0]] * 4
+    assert job.sink.output is not None and job.sink.output.buffers[0].dtype == torch.float32
+    assert job.sink.output.buffers[0].tolist() == [[1.0, 1.0]] * 4 + [[-1.0, -1.0]] * 4
 
 
 def test_prep_run_with_setup_for_a_function_without_state(tmp_path: Path, capsys):

@@ -548,7 +548,8 @@ def test_auto_splits_untimed_while_any_workers_start():
     for _ in range(5):
         got.append(plan.next(ready=False))
         assert not plan.timed
-    assert got == ["split"] * 5 and plan.submitted == {}  # none counts towards the trial
+    assert got == ["split"] * 5  # none counts towards the trial
+    assert plan.split.submitted == 0 and plan.whole["threads"].submitted == 0
     got = [plan.next() for _ in range(plan.SPLIT_TRIAL)]
     assert got == ["split"] * plan.SPLIT_TRIAL and plan.timed
     assert plan.next() == "whole" and plan.flavour == "threads"
@@ -652,15 +653,15 @@ def test_the_plan_rates_whole_batches_from_their_spans():
         plan.split_ran(100, 0.01)  # 10,000 rows/s
     while plan.choice is None:  # pairs of batches running together, 20 ms each
         plan.next()
-        start = 100.0 + 0.02 * (plan.taken.get("threads", 0) // 2)
+        start = 100.0 + 0.02 * (plan.whole["threads"].taken // 2)
         span = (start, start + 0.02)
         plan.whole_taken(100, busy=0.02, take=0.0001, flavour="threads", span=span)
     assert plan.all_figures()["threads"].whole_together == pytest.approx(10_000)
     assert plan.choice.strategy == "split"  # 10,000 together: no better than splitting
-    taken = dict(plan.taken)
+    taken = plan.whole["threads"].taken
     plan.whole_taken(100, busy=0.02, take=0.0001, flavour="threads", span=(200.0, 200.02))
-    assert len(plan.spans["threads"]) == plan.whole_trial  # chosen: nothing more is kept
-    assert plan.taken["threads"] == taken["threads"] + 1
+    assert len(plan.whole["threads"].spans) == plan.whole_trial  # chosen: nothing more is kept
+    assert plan.whole["threads"].taken == taken + 1
 
 
 def hold_row_one_until(path: str, row: torch.Tensor) -> torch.Tensor:
@@ -710,7 +711,7 @@ def test_the_next_flavour_starts_once_the_last_ones_figures_are_in():
         plan.whole_taken(100, busy=0.01, take=0.001, flavour="threads")
     assert (plan.next(), plan.flavour) == ("whole", "processes")
     plan.whole_taken(100, busy=1.0, take=0.001, flavour="threads")  # one of the extra two
-    assert len(plan.worker_rates["threads"]) == plan.whole_trial  # not counted
+    assert len(plan.whole["threads"].worker_rates) == plan.whole_trial  # not counted
 
 
 @pytest.mark.timeout(120)

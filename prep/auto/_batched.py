@@ -53,7 +53,7 @@ class BatchedForms:
         took = s.now() - t
         twin = twin_of(job.fn)
         atol = twin.twin.atol if twin else 0.0
-        row = first_difference(out, timed.job.output, timed.done, atol)
+        row = first_difference(out, timed.job.sink.output, timed.done, atol)
         if row is not None:  # serial is the reference: the rows run one by one instead
             s.cal.dropped["vectorized"] = (
                 f"its row {row} differs from the row function's"
@@ -62,7 +62,7 @@ class BatchedForms:
                 "@prep.rowwise(batched=..., atol=...))"
             )
             return False
-        job.output = out
+        job.sink.output = out
         s.cal.vectorized_row = took / s.n
         s.main.done = s.n
         return True
@@ -101,17 +101,17 @@ class BatchedForms:
             cal.dropped["vmap"] = why(exc)
             return False
         took = s.now() - t
-        if first_difference(out, scratch.job.output, scratch.done, 0.0) is not None:
+        if first_difference(out, scratch.job.sink.output, scratch.done, 0.0) is not None:
             cal.dropped["vmap"] = "its results differ from serial"
             return False
-        job.output, cal.vmap_row = out, took / s.n
+        job.sink.output, cal.vmap_row = out, took / s.n
         s.main.done = s.n
         return True
 
     def vmap_agrees(self) -> bool:
         """Whether vmap of the row function reproduces serial's rows bit for bit."""
         s, job, cal, done = self.s, self.s.job, self.s.cal, self.s.main.done
-        if job.output is None or done < 2:
+        if job.sink.output is None or done < 2:
             cal.dropped["vmap"] = "needs two measured rows"
             return False
         if done >= s.n:
@@ -125,7 +125,7 @@ class BatchedForms:
         except Exception as exc:  # any failure just removes the candidate
             cal.dropped["vmap"] = why(exc)
             return False
-        agrees = same_rows(spec, leaves, job.output, k)
+        agrees = same_rows(spec, leaves, job.sink.output, k)
         if not agrees:
             cal.dropped["vmap"] = "its results differ from serial"
         return agrees

@@ -24,7 +24,7 @@ class Memory:
         has no stable identity)."""
         if wisdom.location() is None:
             return None  # wisdom off: no key to compute, nothing to remember or say
-        options: Any = (job.pin, repr(job.policy))
+        options: Any = (job.sink.pin, repr(job.policy))
         return wisdom.key(job.fn, job.rows.layout(), len(job.rows), self.workers, options)
 
     def recall(self, job: Job, allow: bool) -> Decisions | None:

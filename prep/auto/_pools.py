@@ -81,7 +81,7 @@ class PoolEstimates:
     def _bytes_per_row(self) -> int:
         """What one row costs to send through shared memory: its columns and its result."""
         s = self.s
-        out = s.job.output
+        out = s.job.sink.output
         result = out.nbytes // max(1, len(out)) if out is not None else 0
         return s.job.rows.nbytes // max(1, s.n) + result
 

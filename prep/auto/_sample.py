@@ -50,7 +50,7 @@ def run_tolerant(ex: Executor, job: Job) -> Output | None:
         raise
     except Exception:
         job.run_range(job.start, len(job.rows))
-        return job.output
+        return job.sink.output
 
 
 @dataclass
@@ -105,7 +105,7 @@ class Sample:
         """A cursor over copies of the first ``k`` rows, into an output of its own:
         serial timed beside a batched form, which makes the real output."""
         job = self.job
-        return Cursor(Job(job.fn, job.rows.take(0, k), None, deadline=job.clock))
+        return Cursor(Job.new(job.fn, job.rows.take(0, k), deadline=job.clock))
 
     def serial(self, budget_rows: int, cursor: Cursor | None = None) -> None:
         """Seconds per row, as the serial executor runs them: blocks of 1, 2, 4 ... rows

@@ -105,8 +105,8 @@ class ProcessStarter:
         try:
             if probe is None:
                 return None
-            failed = [r - job.start for r in job.failures.rows() if r >= job.start]
-            row = probe.disagreement(job.output, failed=failed, at=job.start)
+            failed = [r - job.start for r in job.sink.failures.rows() if r >= job.start]
+            row = probe.disagreement(job.sink.output, failed=failed, at=job.start)
             if row is None:
                 return None
             if not probe.deterministic():

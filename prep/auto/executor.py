@@ -119,7 +119,7 @@ class AutoExecutor(Executor):
             twin = job.rows.batched and twin_of(job.fn) is not None
             return self._get("vectorized" if twin else "serial").run(job)
         allow = not in_worker_process()
-        key = signature(job.fn, job.rows, job.pin, job.policy)
+        key = signature(job.fn, job.rows, job.sink.pin, job.policy)
         d = self._kept(key, n)
         if d is not None and not allow and "processes" in d.cal.predicted:
             d = None  # a choice made where processes were allowed: measure again here
@@ -137,12 +137,12 @@ class AutoExecutor(Executor):
             if calibrator.done >= n:
                 d.cal.batches += 1
                 self._memory.remember(d)
-                assert job.output is not None, "the calibrator ran every row"
-                return job.output
+                assert job.sink.output is not None, "the calibrator ran every row"
+                return job.sink.output
             rest = job.part(calibrator.done)
             self._starter.plan(d, rest, allow)
             out = self._run(d, d.cal.choice, rest, observe=False)
-            job.output = out
+            job.sink.output = out
             self._memory.remember(d)
             return out
         self._starter.plan(d, job, allow)
@@ -170,7 +170,7 @@ class AutoExecutor(Executor):
                 cal.events.note(
                     f"batch {cal.batches + 1}: processes dropped: {reason.split('.')[0]}"
                 )
-            job.failures.forget(start)
+            job.sink.failures.forget(start)
             return self._run(d, cal.choice, job, observe=observe)
         with self._lock:
             cal.batches += 1

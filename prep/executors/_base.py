@@ -1,8 +1,9 @@
 """The executor contract: ``run(job) -> Output`` and ``close()``, and what ``auto`` asks.
 
-A :class:`Job` is one call of ``map_rows``: the row function, the rows, the
-output (given, or allocated by the executor from the first row's result), and
-a deadline. Every executor fills every row of ``job.output`` and returns it,
+A :class:`Job` is one call of ``map_rows``: the row function, the rows, where
+they land (``job.sink``: the output, given or allocated from the first row's
+result, and the failed rows), and a deadline. Every executor fills every row of
+``job.sink.output`` and returns it,
 or raises one of prep's errors; afterwards it is still usable (a pool that
 lost a worker rebuilds itself on the next call).
 
@@ -25,14 +26,14 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from .._output import Output
-from .._padding import allocate
-from .._policy import RAISE, Failures, Policy
+from .._policy import RAISE, Policy
 from .._rows import Rows
-from ..errors import BatchTimeout, ConfigError, RowError, SetupError, WorkerCrashed
+from .._sink import Sink
+from ..errors import BatchTimeout, ConfigError, RowError, SetupError
 from ._daemons import on_intra_op_threads
 
 T = TypeVar("T")
@@ -110,35 +111,55 @@ class Deadline:
 
 @dataclass
 class Job:
-    """One batch: run ``fn`` on rows ``start:`` of ``rows`` and write into ``output``.
+    """One batch: run ``fn`` on rows ``start:`` of ``rows``, each result into ``sink``
+    (:class:`~prep._sink.Sink`: the output, the failed rows, progress).
 
-    Rows before ``start`` are already in ``output`` (auto computed them while it
+    Rows before ``start`` are already in the output (auto computed them while it
     measured). An executor runs the rest and never moves ``start``; whoever runs
     the batch in parts makes a job per part with :meth:`part`, which shares the
-    output and the deadline: one deadline a batch, whoever runs it.
+    sink and the deadline: one deadline a batch, whoever runs it. :meth:`new`
+    makes a job and its sink from ``map_rows``' terms.
     """
 
     fn: Callable[..., Any]
     rows: Rows
-    output: Output | None = None
+    sink: Sink
+    policy: Policy = RAISE  # padding, and what a failing row does
     timeout: float | None = None
-    pin: bool = False  # allocate the output in pinned memory (a CUDA copy follows)
     start: int = 0
     deadline: Deadline | None = None  # another job's, to share it; else one from ``timeout``
-    policy: Policy = RAISE  # padding, and what a failing row does
-    failures: Failures = field(default_factory=Failures)  # shared by a job's parts
-    shared: bool = False  # allocate the output in shared memory (a worker's chunk)
-    progress: Callable[[int], None] | None = None  # told as rows finish (progress=True)
 
     def __post_init__(self) -> None:
         self.clock = self.deadline or Deadline(self.timeout)
+
+    @classmethod
+    def new(
+        cls,
+        fn: Callable[..., Any],
+        rows: Rows,
+        output: Output | None = None,
+        timeout: float | None = None,
+        *,
+        policy: Policy = RAISE,
+        pin: bool = False,
+        shared: bool = False,
+        progress: Callable[[int], None] | None = None,
+        deadline: Deadline | None = None,
+    ) -> Job:
+        """A job of ``rows`` writing into ``output`` (None: allocated from the first
+        result, in pinned memory with ``pin``, in shared memory with ``shared``)."""
+        sink = Sink(
+            len(rows), policy.padding, policy.fill, rows.offset, output, pin, shared,
+            progress=progress,
+        )  # fmt: skip
+        return cls(fn, rows, sink, policy, timeout, deadline=deadline)
 
     def part(self, start: int, stop: int | None = None) -> Job:
         """Rows ``start:stop`` of this batch, written into this job's output (which must
         exist once ``stop`` is given), under this job's deadline."""
         rows = self.rows
         if stop is not None and stop < len(rows):
-            assert self.output is not None, "a part up to a stop writes into an allocated output"
+            assert self.sink.output is not None, "a part up to a stop writes into an output"
             rows = rows.head(stop)  # rows past stop are not run, so none is written
         return dataclasses.replace(self, rows=rows, start=start, deadline=self.clock)
 
@@ -176,58 +197,6 @@ class Job:
         except Exception as exc:
             raise RowError(i, f"row {i}: {type(exc).__name__}: {exc}") from exc
 
-    def store(self, i: int, result: Any, *, shared: bool = False) -> None:
-        if self.output is None:
-            self.adopt(
-                allocate(
-                    result,
-                    len(self.rows),
-                    padding=self.policy.padding,
-                    row=i,
-                    pin=self.pin,
-                    shared=shared or self.shared,
-                    offset=self.rows.offset,
-                )
-            )
-        assert self.output is not None
-        self.output.write(i, result)
-
-    def adopt(self, output: Output) -> None:
-        """``output`` becomes the batch's, filled where rows failed before it existed."""
-        self.output = output
-        for row in self.failures.rows():
-            output.fail(row, self.policy.fill)
-
-    def merge(self, chunk: Output) -> None:
-        """A worker's chunk of rows into the output (made like it, if there is none)."""
-        if self.output is None:
-            self.adopt(chunk.like(len(self.rows), pin=self.pin))
-        assert self.output is not None
-        self.output.merge(chunk)
-
-    def advance(self, rows: int) -> None:
-        """``rows`` more rows finished (written or failed): for a progress bar."""
-        if self.progress is not None:
-            self.progress(rows)
-
-    def killed(self, i: int, worker: str, how: str = "") -> None:
-        """Row ``i`` killed ``worker`` (e.g. "worker pid 12") while it ran alone: a failed
-        row, its cause a :class:`~prep.errors.WorkerCrashed` naming the worker."""
-        died = f"{worker} died" + (f" with {how}" if how else "")
-        err = RowError(
-            i,
-            f"row {i}: {died} running it alone: a segfault, abort or exit in the row "
-            f"function, or the OS killed it for memory",
-        )
-        err.__cause__ = WorkerCrashed(f"{died} on row {i}")
-        self.fail(i, err)
-
-    def fail(self, i: int, error: RowError) -> None:
-        """Row ``i`` failed under ``on_error='fill'``/``'skip'``: noted, and filled."""
-        self.failures.add(i, error)
-        if self.output is not None:
-            self.output.fail(i, self.policy.fill)
-
     def outcome(self, i: int) -> Any:
         """:meth:`compute`, or FAILED where the policy keeps a row's error to itself."""
         try:
@@ -235,19 +204,19 @@ class Job:
         except RowError as error:
             if not self.policy.per_row_errors:
                 raise
-            self.fail(i, error)
+            self.sink.fail(i, error)
             return FAILED
 
     def run_range(self, start: int, stop: int, cancelled: Callable[[], bool] = bool) -> None:
         """Compute and store rows ``start:stop`` in this thread, a block at a time."""
-        i = start
+        sink, i = self.sink, start
         while i < stop and not cancelled():
-            if self.output is None:
+            if sink.output is None:
                 self.check_deadline()  # the first row fixes the output's shape
                 if (result := self.outcome(i)) is not FAILED:
-                    self.store(i, result)
+                    sink.store(i, result)
                 i += 1
-                self.advance(1)
+                sink.advance(1)
                 continue
             end = min(stop, i + BLOCK)
             results = []
@@ -259,10 +228,10 @@ class Job:
             if any(r is FAILED for r in results):
                 for j, r in enumerate(results, start=i):
                     if r is not FAILED:
-                        self.output.write(j, r)
+                        sink.output.write(j, r)
             else:
-                self.output.write_block(i, results)
-            self.advance(end - i)
+                sink.output.write_block(i, results)
+            sink.advance(end - i)
             i = end
 
 
@@ -280,7 +249,7 @@ class Executor(ABC):
 
     @abstractmethod
     def run(self, job: Job) -> Output | None:
-        """Fill rows ``job.start:`` of ``job.output`` (allocating it if None) and return
+        """Fill rows ``job.start:`` of ``job.sink.output`` (allocating it if None) and return
         it: None only for a batch of 0 rows without ``out=``, whose output no row shaped."""
 
     def close(self) -> None:  # noqa: B027 (executors without resources need not close)

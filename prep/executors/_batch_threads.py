@@ -49,14 +49,14 @@ class _Thread(threading.Thread):
 def _build(ticket: Ticket) -> None:
     """The whole batch, serially, in this thread; its value or error into the ticket."""
     ticket.started = time.monotonic()
-    job = Job(ticket.fn, ticket.rows, timeout=ticket.timeout, policy=ticket.policy)
+    job = Job.new(ticket.fn, ticket.rows, timeout=ticket.timeout, policy=ticket.policy)
     try:
         job.run_range(0, len(ticket.rows))
     except BaseException as exc:  # raised where the stream takes the result
         ticket.resolve(error=exc)
         return
     ticket.busy = time.monotonic() - ticket.started
-    ticket.resolve((job.output, dict(job.failures.errors)))
+    ticket.resolve((job.sink.output, dict(job.sink.failures.errors)))
 
 
 class ThreadBatches(DaemonThreads[Ticket]):

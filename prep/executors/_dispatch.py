@@ -45,18 +45,18 @@ class Dispatch:
         self.chunked = not job.policy.plain
 
     def run(self, shell: Any, keys: list[int], columns: dict[int, torch.Tensor]) -> None:
-        """The batch's rows, every one written into ``job.output``, or the lowest row's
+        """The batch's rows, every one written into ``job.sink.output``, or the lowest row's
         error once the ranges in flight are back; raises on a crash or the deadline."""
         job, n = self.job, len(self.job.rows)
         self.batch = (shell, keys, columns)
         for w in self.workers:
             self._send_batch(w)
         pending = self.pending
-        if job.output is None and not self.chunked:  # row 0's result fixes the output
+        if job.sink.output is None and not self.chunked:  # row 0's result fixes the output
             self._send(self.workers[0], 0, 1, probe=True)
             self._collect(stop_on_error=True)
             for w in self.workers:
-                w.conn.send(("output", job.output))
+                w.conn.send(("output", job.sink.output))
             pending.extend(iter_chunks(n, len(self.workers), first=1))
         else:
             pending.extend(iter_chunks(n, len(self.workers), first=job.start))
@@ -75,7 +75,7 @@ class Dispatch:
         shell, keys, columns = self.batch
         w.held = None
         new = {k: columns[k] for k in keys if k not in w.keys}
-        w.conn.send(("batch", shell, keys, new, None if self.chunked else self.job.output))
+        w.conn.send(("batch", shell, keys, new, None if self.chunked else self.job.sink.output))
         w.keys = set(keys)
 
     def _send(self, w: Worker, start: int, stop: int, probe: bool = False) -> None:
@@ -127,20 +127,20 @@ class Dispatch:
     def _handle(self, w: Worker, msg: tuple[Any, ...]) -> list[BaseException]:
         job, tag = self.job, msg[0]
         if tag == "done":
-            job.advance(msg[2] - msg[1])
+            job.sink.advance(msg[2] - msg[1])
             w.held = None
             return []
         if tag == "chunk":
             w.held = None
             _worker.merge_chunk(job, msg)
-            job.advance(msg[2] - msg[1])
+            job.sink.advance(msg[2] - msg[1])
             return []
         if tag == "probe":
             w.held = None
-            job.advance(1)
+            job.sink.advance(1)
             leaves = flatten(msg[2])[1]
             check_shm(len(job.rows) * sum(t.nbytes for t in leaves), "the output")
-            job.store(msg[1], msg[2], shared=True)
+            job.sink.store(msg[1], msg[2], shared=True)
             return []
         row = msg[1]
         if w.held is not None and not (w.held[0] <= row < w.held[1]):

@@ -26,7 +26,7 @@ class Isolation:
         """``worker`` died holding rows ``held``: the ranges to run again, each alone (a
         row of its own), or none where it held one row alone, which then failed."""
         if held in self._alone:
-            self.job.killed(held[0], worker, how)
+            self.job.sink.killed(held[0], worker, how)
             return []
         singles = [(i, i + 1) for i in range(*held)]
         self._alone.update(singles)

@@ -148,7 +148,7 @@ def run_chunk(
     check = getattr(rows, "check", None)
     if isinstance(check, ResultCheck):
         rows = rows.checking(check.fresh())
-    job = Job(fn, rows.window(start, stop), policy=policy, shared=shared)
+    job = Job.new(fn, rows.window(start, stop), policy=policy, shared=shared)
     try:
         job.run_range(start, stop)
     except RowError as err:
@@ -157,9 +157,9 @@ def run_chunk(
         return _error(getattr(exc, "row", start), exc, "bad-result")
     failed = [
         _error(i, e.__cause__ if isinstance(e.__cause__, Exception) else e)
-        for i, e in sorted(job.failures.errors.items())
+        for i, e in sorted(job.sink.failures.errors.items())
     ]
-    return ("chunk", start, stop, job.output, failed)
+    return ("chunk", start, stop, job.sink.output, failed)
 
 
 def merge_chunk(job: Job, reply: tuple[Any, ...]) -> None:
@@ -175,13 +175,13 @@ def merge_chunk(job: Job, reply: tuple[Any, ...]) -> None:
         err = error_from_reply(error_reply)
         if not isinstance(err, RowError):
             raise err  # not a row's own failure (a fill= that does not fit, say)
-        job.fail(err.row, err)
+        job.sink.fail(err.row, err)
         result = getattr(err.__cause__, "result", None)
         if result is not None and isinstance(check, ResultCheck):
             check.pending[err.row] = result  # failed against its chunk's own reference
     if not isinstance(check, ResultCheck):
         if chunk is not None:
-            job.merge(chunk)
+            job.sink.merge(chunk)
         return
     if chunk is not None:
         _admit(job, check, chunk, start, stop)
@@ -197,8 +197,8 @@ def _admit(job: Job, check: ResultCheck, chunk: Output, start: int, stop: int) -
         check.refused.append((chunk, start, stop, _fail_all(job, range(start, stop), problem)))
         return
     if dropped:
-        job.output = None  # remade from this chunk
-    job.merge(chunk)
+        job.sink.output = None  # remade from this chunk
+    job.sink.merge(chunk)
     if problem is not None:
         _fail_all(job, dropped, problem)
     _readmit(job, check)
@@ -213,35 +213,35 @@ def _readmit(job: Job, check: ResultCheck) -> None:
         if check.admit(chunk, start, stop)[0] is not None:
             check.refused.append((chunk, start, stop, failed))
             continue
-        assert job.output is not None, "a reference was set: its chunk made the output"
+        assert job.sink.output is not None, "a reference was set: its chunk made the output"
         for i in failed:
-            job.failures.forgive(i)
-            job.output.unfail(i)
-        job.merge(chunk)
+            job.sink.failures.forgive(i)
+            job.sink.output.unfail(i)
+        job.sink.merge(chunk)
 
 
 def _take_back(job: Job, check: ResultCheck) -> None:
     """Rows a worker failed against its chunk's own first row that the batch's
     reference finds good: written after all, their failure taken back."""
-    if job.output is None:
+    if job.sink.output is None:
         return
     for i, result in list(check.pending.items()):
-        if i in job.failures.errors and check.matches(result):
+        if i in job.sink.failures.errors and check.matches(result):
             del check.pending[i]
-            job.failures.forgive(i)
-            job.output.unfail(i)
-            job.output.write(i, result)
+            job.sink.failures.forgive(i)
+            job.sink.output.unfail(i)
+            job.sink.output.write(i, result)
             check.admitted.append((i, i + 1))
 
 
 def _fail_all(job: Job, rows: Iterable[int], problem: str) -> list[int]:
     """Each of ``rows`` not failed yet fails with a StackError saying ``problem``;
     returns those."""
-    failed = [i for i in rows if i not in job.failures.errors]
+    failed = [i for i in rows if i not in job.sink.failures.errors]
     for i in failed:
         err = RowError(i, f"row {i}: StackError: {problem}")
         err.__cause__ = StackError(problem)
-        job.fail(i, err)
+        job.sink.fail(i, err)
     return failed
 
 

@@ -41,22 +41,22 @@ class JoblibExecutor(Executor):
     def run(self, job: Job) -> Output | None:
         n = len(job.rows)
         if n == 0:
-            return job.output
+            return job.sink.output
         first, errors = job.start, []
         check = getattr(job.rows, "check", None)
-        if job.output is None and isinstance(check, ResultCheck):
+        if job.sink.output is None and isinstance(check, ResultCheck):
             # as threads do: the first row alone shapes the output, and every worker then
             # checks its rows against it (else each would against its own first row)
             errors = self._run_all(job, [(first, first + 1)])
             first += 1
-            if job.output is not None:
-                check.seed(job.output)
+            if job.sink.output is not None:
+                check.seed(job.sink.output)
         chunks = list(iter_chunks(n, self.workers, per_worker=2, first=first))
         if chunks and not errors:
             errors = self._run_all(job, chunks)
         if errors:
             raise first_error(errors)
-        return job.output
+        return job.sink.output
 
     def _run_all(self, job: Job, chunks: list[tuple[int, int]]) -> list[BaseException]:
         """The chunks' rows written (a worker's death isolated under fill/skip, see
@@ -142,7 +142,7 @@ class JoblibExecutor(Executor):
         if reply[0] != "chunk":
             return [_worker.error_from_reply(reply)]
         _worker.merge_chunk(job, reply)
-        job.advance(reply[2] - reply[1])
+        job.sink.advance(reply[2] - reply[1])
         return []
 
 

@@ -74,7 +74,7 @@ class Shapes:
         row_bytes = sum(math.prod(b.shape[1:]) * b.element_size()
                         for b in like.buffers)  # fmt: skip
         check_shm(len(job.rows) * row_bytes, "the output")
-        job.output = like.like(len(job.rows), shared=True)
+        job.sink.output = like.like(len(job.rows), shared=True)
         return True
 
     def keep(self, key: Any, out: Output) -> None:
@@ -168,7 +168,7 @@ class ProcessExecutor(Executor):
             best = math.inf
             for _ in range(2):
                 t = time.perf_counter()
-                self.run(Job(_worker.identity, probe))
+                self.run(Job.new(_worker.identity, probe))
                 best = min(best, time.perf_counter() - t)
             self._dispatch = best
         return self._dispatch
@@ -231,11 +231,11 @@ class ProcessExecutor(Executor):
     def _run(self, job: Job) -> Output | None:
         n = len(job.rows)
         if n == 0:
-            return job.output
+            return job.sink.output
         blob = pickle_fn(job.fn)
         self._load(job.fn, blob, job.remaining())
         shell, keys, columns = self._arena.share(job.rows)
-        given = job.output
+        given = job.sink.output
         in_place = job.policy.plain  # else chunks come back, merged here (_dispatch)
         if (
             in_place
@@ -243,7 +243,7 @@ class ProcessExecutor(Executor):
             and not all(b.is_shared() and b.is_contiguous() for b in given.buffers)
         ):
             check_shm(given.nbytes, "the output")
-            job.output = given.like(shared=True)  # staging; copied into out= at the end
+            job.sink.output = given.like(shared=True)  # staging; copied into out= at the end
         shape_key = (blob, job.rows.layout())
         guessed = in_place and given is None and self._shapes.guess(job, shape_key)
         try:
@@ -255,7 +255,7 @@ class ProcessExecutor(Executor):
                     raise
                 # a result unlike last batch's: run the batch as the first one ran, so
                 # that row 0 fixes the output and the error names what serial names
-                job.output = None
+                job.sink.output = None
                 Dispatch(self._workers, job, replace).run(shell, keys, columns)
         except BaseException as exc:
             # crashed, timed out or interrupted with rows in flight: the workers' state is
@@ -265,13 +265,13 @@ class ProcessExecutor(Executor):
             ):
                 self._reset()
             if given is not None:
-                job.output = given
+                job.sink.output = given
             raise
-        out = job.output
+        out = job.sink.output
         if out is None:
             return None  # every row failed (on_error='fill'/'skip'): none gave a shape
         if in_place and given is None:
             self._shapes.keep(shape_key, out)
         if given is not None and out is not given:  # rows before start were written in place
-            job.output = copy_rows(given, out, job.start)
-        return job.output
+            job.sink.output = copy_rows(given, out, job.start)
+        return job.sink.output

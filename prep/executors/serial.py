@@ -20,4 +20,4 @@ class SerialExecutor(Executor):
 
     def run(self, job: Job) -> Output | None:
         job.run_range(job.start, len(job.rows))
-        return job.output  # None if every row failed (or there are none)
+        return job.sink.output  # None if every row failed (or there are none)

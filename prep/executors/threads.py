@@ -67,20 +67,20 @@ class ThreadExecutor(DaemonThreads[Task], Executor):
     def _run(self, job: Job) -> Output | None:
         n = len(job.rows)
         if n == 0:
-            return job.output
+            return job.sink.output
         first = job.start
         self._ensure_started()
         # one worker runs the first row: its result fixes the output. Under fill/skip a
         # failed row fixes nothing, so the next runs alone too (a few at most): else the
         # threads would race to fix it, and serial's reference is the lowest good row
         for _ in range(LONE_ROWS if job.policy.per_row_errors else 1):
-            if job.output is not None or first >= n:
+            if job.sink.output is not None or first >= n:
                 break
             self._run_chunks(job, [(first, first + 1)])
             first += 1
         chunks = list(iter_chunks(n, self.workers, first=first))
         if not chunks:
-            return job.output
+            return job.sink.output
         return self._run_chunks(job, chunks)
 
     def _run_chunks(self, job: Job, chunks: list[tuple[int, int]]) -> Output | None:
@@ -118,7 +118,7 @@ class ThreadExecutor(DaemonThreads[Task], Executor):
             stop.set()
         if errors:
             raise min(errors, key=lambda e: e[0])[1]
-        return job.output
+        return job.sink.output
 
     def _abandon(self) -> None:
         """Leave the current threads to finish (or hang) on their own; serve from new ones."""

@@ -52,7 +52,7 @@ class VectorizedExecutor(Executor):
             rows = rows.replace([c[job.start :] for c in rows.columns])
         # one call, so its exception (and traceback) reaches the caller as it is
         result = rows.call_batched(twin)
-        job.advance(len(rows))
+        job.sink.advance(len(rows))
         spec, leaves = flatten(result, what=what)
         # preprocessing: no autograd history, as the per-row executors write theirs
         leaves = [t.detach() if t.requires_grad else t for t in leaves]
@@ -64,13 +64,13 @@ class VectorizedExecutor(Executor):
                     f"{tuple(leaf.shape)} for a batch of {n} rows; it must keep "
                     f"the rows along dim 0"
                 )
-        if job.output is None:
+        if job.sink.output is None:
             return Output(spec, leaves)
         if job.policy.padding is not None and job.start == 0:
             return Output(spec, leaves)  # the twin padded the batch itself
         # the output exists (out= or earlier rows): check one row's shape like the other
         # executors do, then copy the rest in one go
-        out = job.output
+        out = job.sink.output
         if n:
             out.write(job.start, spec.unflatten([leaf[0] for leaf in leaves]))
         for buf, leaf in zip(out.buffers, leaves):

@@ -1,0 +1,92 @@
+"""Where one batch's rows land: its output, the rows that failed, and progress.
+
+A :class:`Sink` is shared by everything that writes one batch: the parts an
+executor cuts it into (``Job.part``), every thread of a pool, and the parent's
+merge of what worker processes send back. The output is the caller's
+(``out=``), or allocated from the first result stored (shaped by it, and by
+``pad=``); a failed row (``on_error='fill'``/``'skip'``) is noted with its error
+and filled, whether the output exists yet or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._output import Output
+from ._pad_options import Padding
+from ._padding import allocate
+from ._policy import Failures
+from .errors import RowError, WorkerCrashed
+
+__all__ = ["Sink"]
+
+
+@dataclass
+class Sink:
+    """The output of a batch of ``rows`` rows (the first of them row ``offset`` of the
+    batch), its failed rows, and whom to tell as rows finish."""
+
+    rows: int
+    padding: Padding | None = None  # pad=: the output grows to the longest row
+    fill: Any = None  # a failed row's value (None: the pad value, else 0)
+    offset: int = 0
+    output: Output | None = None
+    pin: bool = False  # allocate the output in pinned memory (a CUDA copy follows)
+    shared: bool = False  # allocate the output in shared memory (a worker's chunk)
+    failures: Failures = field(default_factory=Failures)
+    progress: Callable[[int], None] | None = None  # told as rows finish (progress=True)
+
+    def store(self, i: int, result: Any, *, shared: bool = False) -> None:
+        """Row ``i``'s result, the output allocated from it if there is none yet."""
+        if self.output is None:
+            self.adopt(
+                allocate(
+                    result,
+                    self.rows,
+                    padding=self.padding,
+                    row=i,
+                    pin=self.pin,
+                    shared=shared or self.shared,
+                    offset=self.offset,
+                )
+            )
+        assert self.output is not None
+        self.output.write(i, result)
+
+    def adopt(self, output: Output) -> None:
+        """``output`` becomes the batch's, filled where rows failed before it existed."""
+        self.output = output
+        for row in self.failures.rows():
+            output.fail(row, self.fill)
+
+    def merge(self, chunk: Output) -> None:
+        """A worker's chunk of rows into the output (made like it, if there is none)."""
+        if self.output is None:
+            self.adopt(chunk.like(self.rows, pin=self.pin))
+        assert self.output is not None
+        self.output.merge(chunk)
+
+    def advance(self, rows: int) -> None:
+        """``rows`` more rows finished (written or failed): for a progress bar."""
+        if self.progress is not None:
+            self.progress(rows)
+
+    def fail(self, i: int, error: RowError) -> None:
+        """Row ``i`` failed under ``on_error='fill'``/``'skip'``: noted, and filled."""
+        self.failures.add(i, error)
+        if self.output is not None:
+            self.output.fail(i, self.fill)
+
+    def killed(self, i: int, worker: str, how: str = "") -> None:
+        """Row ``i`` killed ``worker`` (e.g. "worker pid 12") while it ran alone: a failed
+        row, its cause a :class:`~prep.errors.WorkerCrashed` naming the worker."""
+        died = f"{worker} died" + (f" with {how}" if how else "")
+        err = RowError(
+            i,
+            f"row {i}: {died} running it alone: a segfault, abort or exit in the row "
+            f"function, or the OS killed it for memory",
+        )
+        err.__cause__ = WorkerCrashed(f"{died} on row {i}")
+        self.fail(i, err)
