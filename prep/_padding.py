@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._output import Output, Result, Spec, check_fits, flatten, shared_empty
+from ._output import TENSOR, Output, Result, Spec, check_fits, flatten, shared_empty
 from ._pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
 from ._pad_options import Number, Padding
 from .errors import StackError
@@ -168,12 +168,19 @@ class PaddedOutput(Output):
     def write_block(self, start: int, results: Sequence[Any]) -> None:
         """Rows ``start, start + 1, ...``: checked and flattened outside the lock, then
         written under it, one lock and one ``no_grad`` a block."""
+        lo = start - self.offset
+        if self.holding and len(self._buffers) == 1 and self.spec is TENSOR:
+            # the common ragged case, 1-D tensors as they come: held in one pass
+            dtype = self._buffers[0].dtype
+            if all(type(r) is Tensor and r.dim() == 1 and r.dtype == dtype for r in results):
+                with self.lock:
+                    self.held.add(lo, [[r] for r in results])
+                return
         rows = []
         for k, result in enumerate(results):
             spec, leaves = flatten(result, row=start + k)
             self.check_spec(start + k, spec)
             rows.append(leaves)
-        lo = start - self.offset
         with torch.no_grad(), self.lock:
             if self.holding and holdable(rows, self._buffers):
                 self.held.add(lo, rows)
