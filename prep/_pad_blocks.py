@@ -10,6 +10,7 @@ otherwise each block is padded into the output's rows with :func:`pad_into`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -82,6 +83,18 @@ class HeldRows:
 
     def add(self, lo: int, rows: Block) -> None:
         self.blocks.append((lo, rows))
+
+    def hold_tensors(self, lo: int, results: Sequence[Any], buffers: Sequence[Tensor]) -> bool:
+        """Hold ``results`` if each is a plain 1-D tensor of the one buffer's dtype (the
+        common ragged row, held without flattening and checking each); False, holding
+        none of them, if not."""
+        if len(buffers) != 1:
+            return False
+        dtype = buffers[0].dtype
+        if not all(type(r) is Tensor and r.dim() == 1 and r.dtype == dtype for r in results):
+            return False
+        self.add(lo, [[r] for r in results])
+        return True
 
     def take(self) -> list[tuple[int, Block]]:
         """The held blocks in row order; none are held after."""

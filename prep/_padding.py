@@ -169,13 +169,10 @@ class PaddedOutput(Output):
         """Rows ``start, start + 1, ...``: checked and flattened outside the lock, then
         written under it, one lock and one ``no_grad`` a block."""
         lo = start - self.offset
-        if self.holding and len(self._buffers) == 1 and self.spec is TENSOR:
-            # the common ragged case, 1-D tensors as they come: held in one pass
-            dtype = self._buffers[0].dtype
-            if all(type(r) is Tensor and r.dim() == 1 and r.dtype == dtype for r in results):
-                with self.lock:
-                    self.held.add(lo, [[r] for r in results])
-                return
+        if self.holding and self.spec is TENSOR:  # 1-D tensors as they come: held at once
+            with self.lock:
+                if self.held.hold_tensors(lo, results, self._buffers):
+                    return
         rows = []
         for k, result in enumerate(results):
             spec, leaves = flatten(result, row=start + k)

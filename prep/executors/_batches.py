@@ -44,6 +44,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from multiprocessing import connection
 from typing import Any
 
@@ -54,7 +55,7 @@ from ..errors import ConfigError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn
 from ._base import split, threads_per_worker
 from ._handles import Worker
-from ._ring import Loan, Ring
+from ._ring import Ring
 from ._ticket import Ticket, value_of
 from ._transport import pickle_fn
 
@@ -86,6 +87,29 @@ class _Lane:
         self.worker = worker
         return tickets
 
+    def send(self, ticket: Ticket, seq: int, blob: Callable[[str], bytes]) -> None:
+        """``ticket`` to this lane's worker, numbered ``seq``, its function first (its
+        pickled bytes, ``blob(key)``) if the worker has not had it."""
+        key, conn = ticket.key, self.worker.conn
+        if key not in self.keys:
+            _fdpipe.send(conn, ("fn", key, blob(key)))
+            self.keys.add(key)
+        ticket.lane, ticket.seq = self, seq
+        rows = ticket.wire if ticket.wire is not None else ticket.rows
+        _fdpipe.send(conn, ("whole", seq, key, rows, ticket.policy, ticket.into))
+        if not self.tickets:
+            ticket.started = time.monotonic()
+        self.tickets.append(ticket)
+
+    def answered(self, seq: int) -> Ticket:
+        """The ticket whose reply numbered ``seq`` came: its oldest (its worker answers in
+        order); the next one's worker starts it now."""
+        ticket = self.tickets.popleft()
+        assert ticket.seq == seq, "a worker answers its batches in order"
+        if self.tickets:
+            self.tickets[0].started = time.monotonic()
+        return ticket
+
     def load(self) -> tuple[int, float]:
         """How busy it is: the batches in hand, then when its current one began (the
         earlier, the likelier it is free first)."""
@@ -95,6 +119,31 @@ class _Lane:
     def freest(lanes: list[_Lane]) -> _Lane:
         """The lane likely to be free first (:meth:`load`)."""
         return min(lanes, key=_Lane.load)
+
+
+class _Functions:
+    """The row functions the workers are sent, pickled once each, by key (the last
+    few: a worker keeps as many)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, tuple[Any, bytes]] = {}
+
+    def add(self, fn: Any) -> str:
+        """The key under which ``fn`` travels (pickled here, once: a stream's batches
+        all use the function as it was when the stream began)."""
+        blob = pickle_fn(fn)
+        key = hashlib.sha1(blob).hexdigest()
+        self._by_key[key] = (fn, blob)
+        while len(self._by_key) > _batch_worker.KEEP:
+            del self._by_key[next(iter(self._by_key))]
+        return key
+
+    def blob(self, key: str) -> bytes:
+        return self._by_key[key][1]
+
+    def fn(self, key: str) -> Any:
+        """The function itself (None once forgotten): for the errors about it."""
+        return self._by_key.get(key, (None, b""))[0]
 
 
 class ProcessBatches:
@@ -107,7 +156,7 @@ class ProcessBatches:
         self._lanes: list[_Lane] = []
         self._lock = threading.RLock()  # the lanes and their pipes: one reader at a time
         self._seq = itertools.count()
-        self._fns: dict[str, tuple[Any, bytes]] = {}
+        self._fns = _Functions()
         self._ring = Ring(keep=4 * workers)
 
     # ------------------------------------------------------------ lifecycle
@@ -158,15 +207,9 @@ class ProcessBatches:
     # ------------------------------------------------------------ submitting
 
     def prepare(self, fn: Any) -> str:
-        """The key under which ``fn`` travels (pickled once, here: a stream's batches
-        all use the function as it was when the stream began)."""
-        blob = pickle_fn(fn)
-        key = hashlib.sha1(blob).hexdigest()
+        """The key under which ``fn`` travels (:meth:`_Functions.add`)."""
         with self._lock:
-            self._fns[key] = (fn, blob)
-            while len(self._fns) > _batch_worker.KEEP:
-                del self._fns[next(iter(self._fns))]
-        return key
+            return self._fns.add(fn)
 
     def submit(self, key: str, rows: Rows, policy: Policy, timeout: float | None) -> Ticket:
         """Send the batch to the worker likely to be free first (:meth:`_Lane.freest`)."""
@@ -192,28 +235,18 @@ class ProcessBatches:
         parts: int,
         into: Output | None = None,
     ) -> list[Ticket]:
-        """The batch cut into ``parts`` row ranges, each a ticket of its own on the worker
-        likely to be free first (a worker takes its tickets in order, so one that
-        finishes its part of this batch starts its part of the next one at once: no
-        barrier between batches). Each worker replies with its rows as a chunk of the
-        batch (``Ticket.reply``: batch row numbers, for ``_worker.merge_chunk``). The
-        batch's tensors travel once, in one loan from the ring, given back when every
-        part is settled; each part's deadline is the batch's ``timeout``. Given ``into``
-        (the batch's output, in shared memory), each worker writes its rows there in
-        place and replies "done"."""
+        """The batch cut into ``parts`` row ranges, a ticket each, one per worker (which
+        takes its tickets in order: one that finishes its part of this batch starts its
+        part of the next at once, no barrier). Each replies with its rows as a chunk
+        of the batch (``Ticket.reply``, in batch row numbers), or, given ``into`` (the
+        batch's output, shared), writes them there and replies "done". The tensors
+        travel once, in one loan from the ring; each part has the batch's ``timeout``."""
         _check_on_cpu(rows)
         bounds = split(0, len(rows), parts)
-        lent = self._ring.lend(rows)
-        wire = rows if lent is None else lent[0]
-        loan = None if lent is None else Loan(self._ring, lent[1], len(bounds))
-        tickets = []
-        for start, stop in bounds:
-            ticket = Ticket(self, rows.window(start, stop), policy, timeout)
-            ticket.key, ticket.part, ticket.into = key, (start, stop), into
-            ticket.wire = wire.window(start, stop)
-            if loan is not None:
-                ticket.on_settled = loan.settled
-            tickets.append(ticket)
+        wire, loan = self._ring.loan(rows, len(bounds))
+        tickets = [Ticket.part_of(self, key, rows, wire, b, policy, timeout) for b in bounds]
+        for ticket in tickets:
+            ticket.into, ticket.on_settled = into, loan and loan.settled
         with self._lock:
             self._ensure_started()
             self._read_ready()
@@ -244,16 +277,7 @@ class ProcessBatches:
         return True
 
     def _send(self, lane: _Lane, ticket: Ticket) -> None:
-        key = ticket.key
-        if key not in lane.keys:
-            _fdpipe.send(lane.worker.conn, ("fn", key, self._fns[key][1]))
-            lane.keys.add(key)
-        ticket.lane, ticket.seq = lane, next(self._seq)
-        rows = ticket.wire if ticket.wire is not None else ticket.rows
-        _fdpipe.send(lane.worker.conn, ("whole", ticket.seq, key, rows, ticket.policy, ticket.into))
-        if not lane.tickets:
-            ticket.started = time.monotonic()
-        lane.tickets.append(ticket)
+        lane.send(ticket, next(self._seq), self._fns.blob)
 
     # ------------------------------------------------------------ waiting
 
@@ -287,17 +311,14 @@ class ProcessBatches:
 
     def _receive(self, lane: _Lane, msg: tuple[Any, ...], transfer: float) -> None:
         _, seq, t0, t1, reply = msg
-        ticket = lane.tickets.popleft()
-        assert ticket.seq == seq, "a worker answers its batches in order"
-        if lane.tickets:
-            lane.tickets[0].started = time.monotonic()
+        ticket = lane.answered(seq)
         if ticket.cancelled:
             ticket.settle()
             return  # read, so its shared memory is released; nobody wants it
         ticket.busy, ticket.transfer = (t1 - t0 if t1 else None), transfer
         ticket.span = (t0, t1) if t1 else None
         ticket.reply = reply
-        value, error = value_of(reply, self._fns.get(ticket.key, (None,))[0])
+        value, error = value_of(reply, self._fns.fn(ticket.key))
         ticket.resolve(value, error)
 
     def _resend(self, lane: _Lane, tickets: list[Ticket]) -> None:
@@ -308,33 +329,20 @@ class ProcessBatches:
     def _lost(self, lane: _Lane) -> None:
         """The lane's worker died: its current batch fails, the others go to a new one."""
         w = lane.worker
-        how, pid = w.how_it_died(), w.proc.pid
-        tickets = lane.replace(self._new_worker())
-        if tickets:
-            head, rest = tickets[0], tickets[1:]
-            head.crashed = True
-            head.resolve(
-                error=WorkerCrashed(
-                    f"worker pid {pid} died with {how} while it built "
-                    f"{head.describe()}; likely causes: a segfault or abort in the row "
-                    f"function (or a library it calls), or the OS killed the worker for "
-                    f"memory (see dmesg). A new worker takes its place",
-                    pid=pid,
-                    exitcode=w.proc.exitcode,
-                    rows=head.part or (0, len(head.rows)),
-                )
-            )
-            self._resend(lane, rest)
+        how = w.how_it_died()
+        self._fail_head(lane, lambda head: head.worker_died(w.proc.pid, how, w.proc.exitcode))
 
     def _timed_out(self, lane: _Lane) -> None:
+        what_now = "its worker was terminated; a new one takes its place for the next batches"
+        self._fail_head(lane, lambda head: head.timed_out(what_now))
+
+    def _fail_head(self, lane: _Lane, error: Callable[[Ticket], BaseException]) -> None:
+        """A new worker in the lane's: its oldest ticket fails with ``error(ticket)``, the
+        others go to the new worker."""
         tickets = lane.replace(self._new_worker())
-        head, rest = tickets[0], tickets[1:]
-        head.resolve(
-            error=head.timed_out(
-                "its worker was terminated; a new one takes its place for the next batches"
-            )
-        )
-        self._resend(lane, rest)
+        if tickets:
+            tickets[0].resolve(error=error(tickets[0]))
+            self._resend(lane, tickets[1:])
 
     def __repr__(self) -> str:
         return f"<ProcessBatches workers={self.workers}>"

@@ -46,6 +46,14 @@ class Ring:
             columns.append(c)
         return TensorRows(tuple(columns), rows.names, rows.offset, rows.check), lent
 
+    def loan(self, rows: Rows, holders: int) -> tuple[Rows, Loan | None]:
+        """``rows`` as they travel (:meth:`lend`), and the loan that its ``holders``
+        give back together (None where nothing was lent)."""
+        lent = self.lend(rows)
+        if lent is None:
+            return rows, None
+        return lent[0], Loan(self, lent[1], holders)
+
     @staticmethod
     def _worth(c: torch.Tensor) -> bool:
         return (

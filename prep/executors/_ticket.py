@@ -10,7 +10,7 @@ from typing import Any
 from .._output import Output
 from .._policy import Policy
 from .._rows import Rows
-from ..errors import BatchTimeout, FunctionLoadError, RowError
+from ..errors import BatchTimeout, FunctionLoadError, RowError, WorkerCrashed
 from . import _worker
 from ._transport import describe_fn
 
@@ -45,6 +45,24 @@ class Ticket:
         self._done = threading.Event()
         self._value: Value | None = None
         self._error: BaseException | None = None
+
+    @classmethod
+    def part_of(
+        cls,
+        owner: Any,
+        key: str,
+        rows: Rows,
+        wire: Rows,
+        bounds: tuple[int, int],
+        policy: Policy,
+        timeout: float | None,
+    ) -> Ticket:
+        """Rows ``bounds`` of a batch (``wire``: its rows as sent), for a worker to build
+        as a chunk of that batch under ``key``'s function."""
+        start, stop = bounds
+        ticket = cls(owner, rows.window(start, stop), policy, timeout)
+        ticket.key, ticket.part, ticket.wire = key, bounds, wire.window(start, stop)
+        return ticket
 
     def done(self) -> bool:
         return self._done.is_set()
@@ -96,6 +114,18 @@ class Ticket:
         if self.part is None:
             return f"the batch of {len(self.rows)} rows"
         return f"rows {self.part[0]}-{self.part[1] - 1} of a batch"
+
+    def worker_died(self, pid: int | None, how: str, exitcode: int | None) -> WorkerCrashed:
+        """The error for the batch whose worker died on it (now :attr:`crashed`)."""
+        self.crashed = True
+        return WorkerCrashed(
+            f"worker pid {pid} died with {how} while it built {self.describe()}; likely "
+            f"causes: a segfault or abort in the row function (or a library it calls), or "
+            f"the OS killed the worker for memory (see dmesg). A new worker takes its place",
+            pid=pid,
+            exitcode=exitcode,
+            rows=self.part or (0, len(self.rows)),
+        )
 
     def timed_out(self, what_now: str) -> BatchTimeout:
         return BatchTimeout(
