@@ -14,10 +14,10 @@ batch k starts on its part of batch k+1 at once::
     submit batch k: N parts ───── ("whole", rows a:b) ──▶ rows a:b ─▶ a chunk
     submit batch k+1: N parts ─── ("whole", rows c:d) ──▶ (next, at once)
     take batch k: each part's chunk ◀── its fds ───────────┘
-      merged into one output (merge_chunk), then finished as map_rows does
+      merged into one output (ChunkMerge), then finished as map_rows does
 
 The parts come back as chunks (batch row numbers), merged by
-``_worker.merge_chunk``, the merge ``processes`` uses for chunked rows (``pad=``,
+``executors._chunks``, the merge ``processes`` uses for chunked rows (``pad=``,
 ``on_error=``), and the batch is then finished by ``_batch.run`` as any batch
 is: so it returns what serial returns, bit for bit. A part that fails fails the
 batch with the lowest row's error, as serial would raise it; a worker that dies
@@ -38,10 +38,10 @@ from ._strategy import StrategyPlan
 from .errors import StackError
 from .executors import Executor, Job
 from .executors._base import first_error
+from .executors._chunks import ChunkMerge
 from .executors._fdpipe import INLINE
 from .executors._ticket import Ticket
 from .executors._transport import shm_fits
-from .executors._worker import merge_chunk
 
 __all__ = ["DeliveredParts", "PartsDelivery"]
 
@@ -100,10 +100,11 @@ class DeliveredParts(Executor):
             raise first_error(errors)
         if guessed is not None:
             job.sink.adopt(guessed)
+        chunks = ChunkMerge(job)
         for t in tickets:
             assert t.reply is not None, "a part resolved without an error has its reply"
             if guessed is None:
-                merge_chunk(job, t.reply)
+                chunks.merge(t.reply)
             t.reply = None  # its chunk's shared memory goes once merged
         if job.sink.output is not None and job.policy.plain:
             self._like = job.sink.output.like(0)

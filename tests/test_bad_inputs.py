@@ -387,7 +387,7 @@ def test_chunks_back_out_of_order_keep_the_lowest_good_rows_reference():
     from prep._policy import Policy, ResultCheck
     from prep._rows import rows_of
     from prep.executors import Job
-    from prep.executors._worker import merge_chunk
+    from prep.executors._chunks import ChunkMerge
 
     rows = rows_of(torch.zeros(8, 2)).checking(ResultCheck(padded=False))
     job = Job.new(double, rows, policy=Policy.of(on_error="fill", fill=-1))
@@ -395,8 +395,9 @@ def test_chunks_back_out_of_order_keep_the_lowest_good_rows_reference():
     late.buffers[0].fill_(4.0)
     early = Output.allocate(torch.ones(2), 4, row=0, offset=0)
     early.buffers[0].fill_(1.0)
-    merge_chunk(job, ("chunk", 4, 8, late, []))
-    merge_chunk(job, ("chunk", 0, 4, early, []))
+    chunks = ChunkMerge(job)
+    chunks.merge(("chunk", 4, 8, late, []))
+    chunks.merge(("chunk", 0, 4, early, []))
     assert job.sink.failures.rows() == [4, 5, 6, 7]
     assert "row 4 returned a Tensor of shape (2,) float64, but row 0 returned" in str(
         job.sink.failures.errors[4]

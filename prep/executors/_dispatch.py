@@ -21,6 +21,7 @@ from .._output import flatten
 from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Job, first_error, iter_chunks
+from ._chunks import ChunkMerge
 from ._handles import Worker
 from ._isolation import Isolation
 from ._transport import check_shm
@@ -39,6 +40,7 @@ class Dispatch:
         self.replace = replace
         self.pending: deque[tuple[int, int]] = deque()
         self.isolation = Isolation(job)
+        self.chunks = ChunkMerge(job)
         # rows that may differ in size or fail on their own come back as chunks, each
         # in shared memory of its worker's (the parent merges them); others are
         # written in place, into the one output every worker maps
@@ -132,7 +134,7 @@ class Dispatch:
             return []
         if tag == "chunk":
             w.held = None
-            _worker.merge_chunk(job, msg)
+            self.chunks.merge(msg)
             job.sink.advance(msg[2] - msg[1])
             return []
         if tag == "probe":

@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 from .._output import Output, detached, flatten
 from .._policy import RAISE, Policy, ResultCheck
 from .._rows import Rows, TensorRows
-from ..errors import RemoteTraceback, RowError, SetupError, StackError
+from ..errors import RemoteTraceback, RowError, SetupError
 from ._base import BLOCK, Job
 
 _THREAD_VARS = (
@@ -160,89 +159,6 @@ def run_chunk(
         for i, e in sorted(job.sink.failures.errors.items())
     ]
     return ("chunk", start, stop, job.sink.output, failed)
-
-
-def merge_chunk(job: Job, reply: tuple[Any, ...]) -> None:
-    """A ``("chunk", ...)`` reply into ``job``: its rows, and its failed rows noted.
-
-    Under ``on_error='fill'``/``'skip'`` a chunk whose rows return another dtype or
-    rank than the batch's reference (its worker had none to check them against) is a
-    chunk of failed rows, each with the reason; see :meth:`ResultCheck.admit` for
-    which chunk's rows are the reference."""
-    _, start, stop, chunk, failed = reply
-    check = getattr(job.rows, "check", None)
-    for error_reply in failed:
-        err = error_from_reply(error_reply)
-        if not isinstance(err, RowError):
-            raise err  # not a row's own failure (a fill= that does not fit, say)
-        job.sink.fail(err.row, err)
-        result = getattr(err.__cause__, "result", None)
-        if result is not None and isinstance(check, ResultCheck):
-            check.pending[err.row] = result  # failed against its chunk's own reference
-    if not isinstance(check, ResultCheck):
-        if chunk is not None:
-            job.sink.merge(chunk)
-        return
-    if chunk is not None:
-        _admit(job, check, chunk, start, stop)
-    _take_back(job, check)
-
-
-def _admit(job: Job, check: ResultCheck, chunk: Output, start: int, stop: int) -> None:
-    """A chunk whose rows agree with the batch's reference joins the output; one that
-    disagrees fails, or (a lower row's) becomes the reference, the rows before failing."""
-    problem, dropped = check.admit(chunk, start, stop)
-    if problem is not None and not dropped:
-        # a chunk with a lower first row may yet replace the reference it disagrees with
-        check.refused.append((chunk, start, stop, _fail_all(job, range(start, stop), problem)))
-        return
-    if dropped:
-        job.sink.output = None  # remade from this chunk
-    job.sink.merge(chunk)
-    if problem is not None:
-        _fail_all(job, dropped, problem)
-    _readmit(job, check)
-
-
-def _readmit(job: Job, check: ResultCheck) -> None:
-    """Chunks refused under a reference that a lower row's chunk has since replaced:
-    those that agree with the new one join the output after all (the refusal's
-    failures taken back; their rows' own failures stay)."""
-    refused, check.refused = check.refused, []
-    for chunk, start, stop, failed in refused:
-        if check.admit(chunk, start, stop)[0] is not None:
-            check.refused.append((chunk, start, stop, failed))
-            continue
-        assert job.sink.output is not None, "a reference was set: its chunk made the output"
-        for i in failed:
-            job.sink.failures.forgive(i)
-            job.sink.output.unfail(i)
-        job.sink.merge(chunk)
-
-
-def _take_back(job: Job, check: ResultCheck) -> None:
-    """Rows a worker failed against its chunk's own first row that the batch's
-    reference finds good: written after all, their failure taken back."""
-    if job.sink.output is None:
-        return
-    for i, result in list(check.pending.items()):
-        if i in job.sink.failures.errors and check.matches(result):
-            del check.pending[i]
-            job.sink.failures.forgive(i)
-            job.sink.output.unfail(i)
-            job.sink.output.write(i, result)
-            check.admitted.append((i, i + 1))
-
-
-def _fail_all(job: Job, rows: Iterable[int], problem: str) -> list[int]:
-    """Each of ``rows`` not failed yet fails with a StackError saying ``problem``;
-    returns those."""
-    failed = [i for i in rows if i not in job.sink.failures.errors]
-    for i in failed:
-        err = RowError(i, f"row {i}: StackError: {problem}")
-        err.__cause__ = StackError(problem)
-        job.sink.fail(i, err)
-    return failed
 
 
 def probe_row(fn: Any, rows: Rows, i: int) -> tuple[Any, ...]:

@@ -27,6 +27,7 @@ from .._policy import ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
+from ._chunks import ChunkMerge
 from ._isolation import Isolation
 
 
@@ -141,7 +142,7 @@ class JoblibExecutor(Executor):
     def _write(self, job: Job, reply: tuple[Any, ...]) -> list[BaseException]:
         if reply[0] != "chunk":
             return [_worker.error_from_reply(reply)]
-        _worker.merge_chunk(job, reply)
+        ChunkMerge(job).merge(reply)
         job.sink.advance(reply[2] - reply[1])
         return []
 
