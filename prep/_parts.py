@@ -1,13 +1,13 @@
-"""A stream's split batches on worker processes, with no barrier between batches.
+"""A stream's split batches on its workers, with no barrier between batches.
 
-``map_rows`` on a process pool runs one batch at a time: every worker takes
-ranges of it, and the batch ends at a barrier (the workers idle while the
-slowest range finishes, then the parent takes the output in and sends the next
-batch). A stream of ``processes`` splits its batches here instead: each batch
-is cut into one part per worker, and each part is a ticket on the pool's
-whole-batch workers (``executors._batches``), which take their tickets in
-order. With ``prefetch`` batches submitted, a worker that finishes its part of
-batch k starts on its part of batch k+1 at once::
+``map_rows`` on a pool runs one batch at a time: every worker takes ranges of
+it, and the batch ends at a barrier (the workers idle while the slowest range
+finishes, then the parent takes the output in and sends the next batch). A
+stream of ``processes`` or ``threads`` splits its batches here instead: each
+batch is cut into one part per worker, and each part is a ticket on the
+stream's workers (``executors._batches``, ``executors._batch_threads``), which
+take their tickets in order. With ``prefetch`` batches submitted, a worker that
+finishes its part of batch k starts on a part of batch k+1 at once::
 
     stream's thread                                 worker w (one of N)
     ───────────────                                 ───────────────────
@@ -16,17 +16,20 @@ batch k starts on its part of batch k+1 at once::
     take batch k: each part's chunk ◀── its fds ───────────┘
       merged into one output (ChunkMerge), then finished as map_rows does
 
-The parts come back as chunks (batch row numbers), merged by
-``executors._chunks``, the merge ``processes`` uses for chunked rows (``pad=``,
-``on_error=``), and the batch is then finished by ``_batch.run`` as any batch
-is: so it returns what serial returns, bit for bit. A part that fails fails the
-batch with the lowest row's error, as serial would raise it; a worker that dies
-under ``on_error='fill'``/``'skip'`` has the batch run again through the
-pool's ``processes``, which isolates the row that killed it.
+Once a batch has shown the output's shape, the next ones are made here and the
+workers write their rows in place (for processes, in shared memory); before
+that, and where rows may differ in size or fail on their own (``pad=``,
+``on_error=``), the parts come back as chunks in batch row numbers, merged by
+``executors._chunks``. The batch is then finished by ``_batch.run`` as any
+batch is: so it returns what serial returns, bit for bit. A part that fails
+fails the batch with the lowest row's error, as serial would raise it; a worker
+process that dies under ``on_error='fill'``/``'skip'`` has the batch run again
+through the pool's ``processes``, which isolates the row that killed it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +46,7 @@ from .executors._fdpipe import INLINE
 from .executors._ticket import Ticket
 from .executors._transport import shm_fits
 
-__all__ = ["DeliveredParts", "PartsDelivery"]
+__all__ = ["DeliveredParts", "DeliveredProcessParts", "PartsDelivery"]
 
 
 class DeliveredParts(Executor):
@@ -51,8 +54,7 @@ class DeliveredParts(Executor):
     merged from the parts :meth:`take` is given. One per stream, as
     ``_whole._Delivered`` is; ``isolate`` is the pool's ``processes``."""
 
-    name = "split processes"
-    needs_processes = True
+    name = "split threads"
 
     def __init__(self, isolate: Callable[[], Executor], resubmit: Callable[[Rows], Any]) -> None:
         super().__init__(1)
@@ -61,18 +63,19 @@ class DeliveredParts(Executor):
         self._like: Output | None = None  # a 0-row output shaped like the last batch's
 
     def output_for(self, rows: Rows, policy: Policy) -> Output | None:
-        """The batch's output, made here in shared memory for the workers to write in
-        place, shaped as the last batch's was; None where it is not known (the first
-        batch), where rows may differ in size or fail alone (``pad=``, ``on_error=``:
-        their parts come back as chunks), or where /dev/shm has no room for it."""
+        """The batch's output, made here for the workers to write in place (in shared
+        memory, for processes), shaped as the last batch's was; None where that is not
+        known (the first batch), where rows may differ in size or fail alone (``pad=``,
+        ``on_error=``: their parts come back as chunks), or, for processes, where a
+        buffer is small enough to travel inside a message (as a copy: no place to
+        write in) or /dev/shm has no room for it."""
         like = self._like
-        if (
-            like is None
-            or not policy.plain
-            or any(b.nbytes <= INLINE for b in like.like(len(rows)).buffers)
-        ):
+        if like is None or not policy.plain:
             return None
-        if not shm_fits(len(rows) * sum(b[0].nbytes for b in like.like(1).buffers)):
+        if not self.needs_processes:
+            return like.like(len(rows))
+        sizes = [len(rows) * math.prod(b.shape[1:]) * b.element_size() for b in like.buffers]
+        if min(sizes) <= INLINE or not shm_fits(sum(sizes)):
             return None
         return like.like(len(rows), shared=True)
 
@@ -109,6 +112,13 @@ class DeliveredParts(Executor):
         if job.sink.output is not None and job.policy.plain:
             self._like = job.sink.output.like(0)
         return job.sink.output
+
+
+class DeliveredProcessParts(DeliveredParts):
+    """Parts built in worker processes: another interpreter than serial's."""
+
+    name = "split processes"
+    needs_processes = True
 
 
 class PartsDelivery:

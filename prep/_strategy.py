@@ -3,7 +3,7 @@
 ``split`` runs each batch on every worker: through the pool's executor, as
 ``map_rows`` does, one batch at a time, so each batch ends at a barrier (the
 workers idle while the slowest range finishes, then the parent merges and
-dispatches the next); on ``processes``, one part per worker on the whole-batch
+dispatches the next); on ``processes`` or ``threads``, one part per worker on the
 workers, several batches in flight and no barrier (``prep._parts``). ``whole``
 gives each worker whole batches, several in flight, as the DataLoader does: no
 barrier, but a batch takes one worker's time for all its rows. ``auto`` measures
@@ -14,7 +14,7 @@ of any machine.
 The figures are rates in rows per second, each the median over a few batches:
 
 - ``split``: a batch's rows over the time the pool took to run it; split into
-  parts on processes, as whole batches are rated (below), from the parts;
+  parts, as whole batches are rated (below), from the parts;
 - ``whole``: the rows a second while every worker was building a batch at once,
   from the workers' own start and end times (so a slow consumer does not hide
   it, and threads that take turns at the GIL show as such); where the workers

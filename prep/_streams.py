@@ -4,7 +4,7 @@ latest plans, which ``Pool.explain()`` describes.
 
     Pool.imap ─▶ Streams.open ─▶ Stream(submit=Submitter)
                                    │ split: the pool's map_rows, in the stream's thread;
-                                   │        on processes, parts on ProcessBatches (_parts)
+                                   │        on processes/threads, parts on the workers below
                                    └ whole: ProcessBatches / ThreadBatches (kept here)
 """
 
@@ -135,7 +135,7 @@ class Streams:
         plan = self.plan(strategy, (fn, samples, repr(sorted(options.items()))), flavours)
         submit = Submitter(
             plan, samples, split, finished, fn, options, self.whole_workers if flavour else None,
-            isolate=isolate, timeout=timeout, parts=executor == "processes" == flavour,
+            isolate=isolate, timeout=timeout, parts=flavour if executor == flavour else None,
         )  # fmt: skip
         stream = Stream(split, batches, prefetch, submit=submit)
         if meter is not None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._output import Output
-from ._parts import DeliveredParts, PartsDelivery
+from ._parts import DeliveredParts, DeliveredProcessParts, PartsDelivery
 from ._policy import Policy
 from ._rows import Rows, SampleRows, rows_of
 from ._strategy import StrategyPlan
@@ -136,15 +136,15 @@ class Submitter:
         workers: Callable[[str], Any] | None,
         isolate: Callable[[], Executor],
         timeout: float | None,
-        parts: bool = False,
+        parts: str | None = None,
     ) -> None:
         self.plan, self.samples = plan, samples
         self.split, self._finish, self.isolate = split, finish, isolate
         self.pick, self.timeout, self.fn = workers, timeout, fn
         self.policy = policy_of(options)
         self.senders: dict[str, _Sender] = {}  # by flavour, made on first use
-        # split batches go in parts to the whole-batch processes (no barrier), not through
-        # the pool's map_rows: a stream of executor='processes'
+        # split batches go in parts to the stream's workers of this flavour (no barrier),
+        # not through the pool's map_rows: a stream of executor='processes' or 'threads'
         self.parts = parts
         self.delivered_parts: DeliveredParts | None = None
 
@@ -176,7 +176,7 @@ class Submitter:
         return Delivery(ticket, functools.partial(self._take, sender), self.plan, flavour)
 
     def _parts(self, batch: Any) -> Any:
-        """The batch split into a part per worker on the whole-batch processes (``_parts``)."""
+        """The batch split into a part per worker on the stream's workers (``_parts``)."""
         from ._stream import Ran
 
         try:
@@ -186,10 +186,12 @@ class Submitter:
             return Ran(error=exc)
 
     def _submit_parts(self, rows: Rows, guess: bool = True) -> PartsDelivery:
-        sender = self._sender("processes")
+        assert self.parts is not None, "a stream that splits in parts names their workers"
+        sender = self._sender(self.parts)
         if self.delivered_parts is None:
             resubmit = functools.partial(self._submit_parts, guess=False)
-            self.delivered_parts = DeliveredParts(self.isolate, resubmit)
+            kind = DeliveredProcessParts if self.parts == "processes" else DeliveredParts
+            self.delivered_parts = kind(self.isolate, resubmit)
         delivered = self.delivered_parts
         workers = sender.workers
         into = delivered.output_for(rows, self.policy) if guess else None

@@ -1,5 +1,5 @@
-"""A stream of ``processes`` splits each batch into parts on the whole-batch workers,
-several batches in flight (``prep._parts``): what that adds to the mechanics
+"""A stream of ``processes`` or ``threads`` splits each batch into parts on the
+stream's workers, several batches in flight (``prep._parts``): what that adds to the mechanics
 ``test_stream_whole`` checks for every way with batches in flight (order, values
 against serial, bounds, errors, crashes, timeouts, stopping, Ctrl-C).
 
@@ -69,9 +69,10 @@ def spied() -> Iterator[list[bool]]:
 
 
 @pytest.mark.timeout(120)
-def test_the_output_is_written_in_place_once_its_shape_is_known(spied, no_leaks):
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_the_output_is_written_in_place_once_its_shape_is_known(executor, spied, no_leaks):
     batches = [wide_batch(k) for k in range(6)]
-    with prep.Pool("processes", workers=2) as pool:
+    with prep.Pool(executor, workers=2) as pool:
         outs = list(pool.imap(rowfns.affine, batches, strategy="split", prefetch=1))
     assert all(torch.equal(o, b * 2 + 1) for o, b in zip(outs, batches))
     # the first batch comes back in chunks and fixes the shape; the others are in place
@@ -100,9 +101,10 @@ def test_a_shape_that_changes_mid_stream_is_learnt_again(spied, monkeypatch, no_
 
 
 @pytest.mark.timeout(120)
-def test_a_row_unlike_the_others_raises_what_serial_raises(no_leaks):
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_a_row_unlike_the_others_raises_what_serial_raises(executor, no_leaks):
     batches = [wide_batch(k) for k in range(3)]
-    with prep.Pool("processes", workers=2) as pool, prep.Pool("serial") as ref:
+    with prep.Pool(executor, workers=2) as pool, prep.Pool("serial") as ref:
         with pytest.raises(prep.StackError) as got:
             list(pool.imap(wider_row_70, batches, strategy="split", prefetch=1))
         with pytest.raises(prep.StackError) as want:
@@ -111,10 +113,11 @@ def test_a_row_unlike_the_others_raises_what_serial_raises(no_leaks):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("executor", ["processes", "threads"])
 @pytest.mark.parametrize("wide", [False, True], ids=["in the message", "in place"])
-def test_the_lowest_failing_row_of_all_parts_is_raised(wide):
+def test_the_lowest_failing_row_of_all_parts_is_raised(executor, wide):
     b = wide_batch(0, rows=16) if wide else torch.arange(16.0)[:, None]
-    with prep.Pool("processes", workers=2) as pool, prep.Pool("serial") as ref:
+    with prep.Pool(executor, workers=2) as pool, prep.Pool("serial") as ref:
         list(pool.imap(rowfns.affine, [b], strategy="split"))  # the shape, where in place
         with pytest.raises(prep.RowError) as got:
             list(pool.imap(fail_rows_3_and_6, [b, b], strategy="split"))
@@ -186,3 +189,21 @@ def test_split_parts_never_seen_together_count_one_worker_times_the_workers():
         t = 10.0 + 0.02 * k
         plan.split_taken(200, 0.001, [(t, t + 0.01, 100), (t + 0.01, t + 0.02, 100)])
     assert plan.split_rate() == pytest.approx(20_000)
+
+
+@pytest.mark.timeout(120)
+def test_threads_take_parts_from_one_queue_and_build_them_as_processes_do():
+    from prep.executors._batch_threads import ThreadBatches
+
+    workers = ThreadBatches(2)
+    try:
+        b = wide_batch(0, rows=64)
+        tickets = workers.submit_parts(rowfns.affine, rows_of(b), policy_of({}), None, 2)
+        for t in tickets:
+            out, errors = t.result()
+            start, stop = t.part
+            assert t.reply[0] == "chunk" and not errors and out.first_row == start
+            assert torch.equal(out.buffers[0], b[start:stop] * 2 + 1)
+            assert t.span is not None and t.span[0] <= t.span[1]  # rated as processes' parts
+    finally:
+        workers.close()

@@ -51,9 +51,9 @@ WAYS = [
     ("auto", "whole"),
 ]
 WHOLE = [("threads", "whole"), ("processes", "whole")]
-#: every way with several batches in flight: whole batches, and processes' split into
-#: parts on the whole-batch workers (``prep._parts``)
-IN_FLIGHT = [*WHOLE, ("processes", "split")]
+#: every way with several batches in flight: whole batches, and a split into parts on
+#: the stream's workers (``prep._parts``)
+IN_FLIGHT = [*WHOLE, ("processes", "split"), ("threads", "split")]
 
 
 def busy_threads() -> list[threading.Thread]:

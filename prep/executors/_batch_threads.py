@@ -17,11 +17,13 @@ import threading
 import time
 from typing import Any
 
+from .._output import Output
 from .._policy import Policy
 from .._rows import Rows
-from ._base import Job, threads_per_worker
+from ._base import Job, split, threads_per_worker
 from ._daemons import DaemonThreads, own_intra_op_threads
-from ._ticket import Ticket
+from ._ticket import Ticket, value_of
+from ._worker import run_chunk, write_rows
 
 __all__ = ["ThreadBatches"]
 
@@ -49,6 +51,9 @@ class _Thread(threading.Thread):
 def _build(ticket: Ticket) -> None:
     """The whole batch, serially, in this thread; its value or error into the ticket."""
     ticket.started = time.monotonic()
+    if ticket.part is not None:
+        _build_part(ticket)
+        return
     job = Job.new(ticket.fn, ticket.rows, timeout=ticket.timeout, policy=ticket.policy)
     try:
         job.run_range(0, len(ticket.rows))
@@ -57,6 +62,20 @@ def _build(ticket: Ticket) -> None:
         return
     ticket.busy = time.monotonic() - ticket.started
     ticket.resolve((job.sink.output, dict(job.sink.failures.errors)))
+
+
+def _build_part(ticket: Ticket) -> None:
+    """A part of a batch, replied as a worker process replies (``Ticket.reply``): its
+    rows as a chunk of the batch, or written into the batch's output (``into``)."""
+    assert ticket.part is not None and ticket.started is not None
+    start, stop = ticket.part
+    if ticket.into is not None:
+        reply = write_rows(ticket.fn, ticket.rows, ticket.into, start, stop)
+    else:
+        reply = run_chunk(ticket.fn, ticket.rows, start, stop, policy=ticket.policy)
+    ended = time.monotonic()
+    ticket.busy, ticket.span, ticket.reply = ended - ticket.started, (ticket.started, ended), reply
+    ticket.resolve(*value_of(reply, ticket.fn))
 
 
 class ThreadBatches(DaemonThreads[Ticket]):
@@ -91,6 +110,29 @@ class ThreadBatches(DaemonThreads[Ticket]):
         self._ensure_started()
         self._tasks.put(ticket)
         return ticket
+
+    def submit_parts(
+        self,
+        key: Any,
+        rows: Rows,
+        policy: Policy,
+        timeout: float | None,
+        parts: int,
+        into: Output | None = None,
+    ) -> list[Ticket]:
+        """The batch cut into ``parts`` row ranges, a ticket each, on the one queue: a
+        thread that finishes its part takes the next one at once, of this batch or the
+        next (no barrier). Each is built as a worker process builds a part
+        (``ProcessBatches.submit_parts``)."""
+        tickets = [
+            Ticket.part_of(self, key, rows, rows, b, policy, timeout)
+            for b in split(0, len(rows), parts)
+        ]
+        self._ensure_started()
+        for ticket in tickets:
+            ticket.fn, ticket.into = key, into
+            self._tasks.put(ticket)
+        return tickets
 
     def pump(self, ticket: Ticket, timeout: float | None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout

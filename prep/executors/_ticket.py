@@ -50,7 +50,7 @@ class Ticket:
     def part_of(
         cls,
         owner: Any,
-        key: str,
+        key: Any,
         rows: Rows,
         wire: Rows,
         bounds: tuple[int, int],
