@@ -136,17 +136,20 @@ class Pool:
         """:meth:`map_rows` over an iterable of batches (a DataLoader, say), the results in
         order, up to ``prefetch`` batches in the making while you work on the current one
         (at most ``prefetch + 1`` results alive; None: two per worker where whole batches
-        may run, else two). ``strategy``: ``"split"`` runs each batch across all workers,
-        one batch at a time; ``"whole"`` gives each worker whole batches, several in
+        may run, else two). ``strategy``: ``"split"`` runs each batch across all workers
+        (a part each, several batches in flight, on a ``processes`` or ``threads`` pool;
+        one batch at a time through ``auto`` or ``joblib``); ``"whole"`` gives each
+        worker whole batches, several in
         flight, as a DataLoader does (no barrier between batches; a batch takes one
         worker's time); ``"auto"`` measures both on the stream and keeps the faster
         (:meth:`explain` says which, and why). Takes :meth:`map_rows`'s keywords but
         ``out=``; ``progress=True`` is a bar of batches (with rows/s). An error (from a
         row, the pool or ``batches``) is raised when your loop reaches that batch, and no
         batch after it is delivered; ``break``, ``close()``, leaving a ``with`` block or
-        Ctrl-C stop the stream (a batch running split finishes; whole batches in flight
-        are dropped). ``prefetch=0`` runs each batch in your loop's thread, without
-        overlap. Warnings of its batches point at the line that called ``imap``.
+        Ctrl-C stop the stream (a batch running in the pool finishes; batches in flight
+        on the stream's workers are dropped). ``prefetch=0`` runs each batch in your
+        loop's thread, without overlap. Warnings of its batches point at the line that
+        called ``imap``.
 
         >>> import torch, prep
         >>> with prep.Pool("threads", workers=2) as pool:
