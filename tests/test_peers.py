@@ -160,6 +160,8 @@ def test_a_peer_that_cannot_pickle_a_lambda_is_a_failed_cell(no_leaks: None) -> 
 
 @pytest.mark.timeout(90)
 def test_a_tiny_run_with_every_peer(tmp_path: Path, no_leaks: None) -> None:
+    prep.shutdown()  # the warm pools of earlier tests are not this test's business
+    assert wait_until(lambda: not pool_children()), pool_children()
     before = set(descendants())
     threads = (torch.get_num_threads(), _new_threads_default())
     grid = Grid(
