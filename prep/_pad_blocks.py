@@ -88,12 +88,12 @@ class HeldRows:
         """Hold ``results`` if each is a plain 1-D tensor of the one buffer's dtype (the
         common ragged row, held without flattening and checking each); False, holding
         none of them, if not."""
-        if len(buffers) != 1:
+        if len(buffers) != 1 or not all(type(r) is Tensor for r in results):
             return False
-        dtype = buffers[0].dtype
-        if not all(type(r) is Tensor and r.dim() == 1 and r.dtype == dtype for r in results):
+        rows = [[r] for r in results]
+        if not holdable(rows, buffers):
             return False
-        self.add(lo, [[r] for r in results])
+        self.add(lo, rows)
         return True
 
     def take(self) -> list[tuple[int, Block]]:

@@ -157,9 +157,8 @@ class Submitter:
                 ready = all([self._sender(f).workers.ready() for f in self.plan.flavours])
             except BaseException as exc:  # raised in its place in the order, as split's are
                 return Ran(error=exc)
-        if self.plan.next(ready) == "split":
-            if self.parts:
-                return self._parts(batch)
+        strategy = self.plan.next(ready)
+        if strategy == "split" and not self.parts:
             t = time.perf_counter()
             ran = Ran.of(self.split, batch)
             if ran.error is None and self.plan.timed:
@@ -169,21 +168,13 @@ class Submitter:
         flavour = self.plan.flavour
         try:
             rows = SampleRows(list(batch)) if self.samples else rows_of(batch)
+            if strategy == "split":  # in a part per worker on the stream's workers
+                return self._submit_parts(rows)
             sender = self._sender(flavour)
             ticket = sender.workers.submit(sender.key, rows, self.policy, self.timeout)
         except BaseException as exc:  # raised in its place in the order, as split's are
             return Ran(error=exc)
         return Delivery(ticket, functools.partial(self._take, sender), self.plan, flavour)
-
-    def _parts(self, batch: Any) -> Any:
-        """The batch split into a part per worker on the stream's workers (``_parts``)."""
-        from ._stream import Ran
-
-        try:
-            rows = SampleRows(list(batch)) if self.samples else rows_of(batch)
-            return self._submit_parts(rows)
-        except BaseException as exc:  # raised in its place in the order, as split's are
-            return Ran(error=exc)
 
     def _submit_parts(self, rows: Rows, guess: bool = True) -> PartsDelivery:
         assert self.parts is not None, "a stream that splits in parts names their workers"

@@ -38,7 +38,6 @@ here), a reused one a copy. Tensors already in shared memory travel as they are.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import itertools
 import threading
@@ -66,7 +65,7 @@ def _check_on_cpu(rows: Rows) -> None:
     for c in getattr(rows, "columns", ()):
         if c.device.type != "cpu":
             raise ConfigError(
-                f"strategy='whole' on processes got a tensor on {c.device}; workers never "
+                f"a stream's batches on processes got a tensor on {c.device}; workers never "
                 f"touch CUDA, so pass CPU tensors (and device= for the result), or use "
                 f"executor='threads'"
             )
@@ -216,10 +215,8 @@ class ProcessBatches:
         _check_on_cpu(rows)
         ticket = Ticket(self, rows, policy, timeout)
         ticket.key = key  # resent with it after a crash
-        lent = self._ring.lend(rows)
-        if lent is not None:
-            ticket.wire, bufs = lent
-            ticket.on_settled = functools.partial(self._ring.give_back, bufs)
+        ticket.wire, loan = self._ring.loan(rows, 1)
+        ticket.on_settled = loan and loan.settled
         with self._lock:
             self._ensure_started()
             self._read_ready()

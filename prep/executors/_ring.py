@@ -31,11 +31,12 @@ class Ring:
         self._idle: deque[torch.Tensor] = deque()  # flat uint8, shared
         self._lock = threading.Lock()
 
-    def lend(self, rows: Rows) -> tuple[Rows, list[torch.Tensor]] | None:
-        """``rows`` with their large private tensors copied into the ring's buffers (and
-        those buffers), or None where nothing is worth it."""
+    def loan(self, rows: Rows, holders: int) -> tuple[Rows, Loan | None]:
+        """``rows`` as they travel, their large private tensors copied into the ring's
+        buffers, and the loan of those buffers that its ``holders`` (the tickets that
+        send them) give back together; ``rows`` and None where nothing is worth it."""
         if not isinstance(rows, TensorRows) or not any(map(self._worth, rows.columns)):
-            return None
+            return rows, None
         lent: list[torch.Tensor] = []
         columns = []
         for c in rows.columns:
@@ -44,15 +45,8 @@ class Ring:
                 lent.append(buf)
                 c = buf.view(c.dtype).view(c.shape).copy_(c)
             columns.append(c)
-        return TensorRows(tuple(columns), rows.names, rows.offset, rows.check), lent
-
-    def loan(self, rows: Rows, holders: int) -> tuple[Rows, Loan | None]:
-        """``rows`` as they travel (:meth:`lend`), and the loan that its ``holders``
-        give back together (None where nothing was lent)."""
-        lent = self.lend(rows)
-        if lent is None:
-            return rows, None
-        return lent[0], Loan(self, lent[1], holders)
+        travels = TensorRows(tuple(columns), rows.names, rows.offset, rows.check)
+        return travels, Loan(self, lent, holders)
 
     @staticmethod
     def _worth(c: torch.Tensor) -> bool:
