@@ -209,20 +209,16 @@ class Arm:
     # (start, end, rows) of each batch or part as its worker saw it (time.monotonic)
     spans: list[tuple[float, float, int]] = field(default_factory=list)
 
-    def worker(self) -> float | None:
-        return _median(self.worker_rates)
-
-    def take(self) -> float | None:
-        return _median(self.take_rates)
-
-    def built(self, workers: int, independent: bool) -> float | None:
-        """The rate the workers built at: as seen while all ran at once, else one
-        worker's rate, times the workers where they share no lock."""
-        seen = together(self.spans, workers)
-        if seen is not None:
-            return seen
-        one = self.worker()
-        return None if one is None else one * (workers if independent else 1)
+    def figures(self, workers: int, split: float | None, independent: bool) -> StrategyFigures:
+        """Its figures, as whole batches are rated (``split``: the split rate beside)."""
+        return StrategyFigures(
+            workers,
+            split,
+            _median(self.worker_rates),
+            _median(self.take_rates),
+            together(self.spans, workers),
+            independent,
+        )
 
     def note(self, rows: int, busy: float | None, take: float, span: Any) -> None:
         """A batch (or part) of ``rows``: its worker's ``busy`` seconds and ``span``, and
@@ -320,11 +316,12 @@ class StrategyPlan:
 
     def split_rate(self) -> float | None:
         """Split's rows a second: a batch's rows over the time the pool took for it, or,
-        split into parts on the workers, as built, capped by the taking."""
+        split into parts on the workers, as whole batches are rated (the parts ran on
+        the pool's own flavour, the plan's only one)."""
         if not self.split.spans:
             return _median(self.split.batch_rates)
-        built, take = self.split.built(self.workers, True), self.split.take()
-        return None if built is None or take is None else min(built, take)
+        independent = self.flavours[0] in INDEPENDENT
+        return self.split.figures(self.workers, None, independent).whole
 
     def whole_taken(
         self,
@@ -349,15 +346,7 @@ class StrategyPlan:
     def all_figures(self) -> dict[str, StrategyFigures]:
         split = self.split_rate()
         return {
-            f: StrategyFigures(
-                self.workers,
-                split,
-                arm.worker(),
-                arm.take(),
-                together(arm.spans, self.workers),
-                f in INDEPENDENT,
-            )
-            for f, arm in self.whole.items()
+            f: arm.figures(self.workers, split, f in INDEPENDENT) for f, arm in self.whole.items()
         }
 
     def figures(self) -> StrategyFigures:

@@ -191,6 +191,15 @@ def test_split_parts_never_seen_together_count_one_worker_times_the_workers():
     assert plan.split_rate() == pytest.approx(20_000)
 
 
+def test_thread_parts_never_seen_together_count_as_one_core():
+    # as whole batches on threads: whether their rows share the GIL was not seen
+    plan = StrategyPlan("auto", workers=2, flavours=("threads",))
+    for k in range(3):
+        t = 10.0 + 0.02 * k
+        plan.split_taken(200, 0.001, [(t, t + 0.01, 100), (t + 0.01, t + 0.02, 100)])
+    assert plan.split_rate() == pytest.approx(10_000)
+
+
 @pytest.mark.timeout(120)
 def test_threads_take_parts_from_one_queue_and_build_them_as_processes_do():
     from prep.executors._batch_threads import ThreadBatches
