@@ -11,6 +11,7 @@ from ..api import shutdown
 from ..errors import UsageError
 from ..registry import EXECUTORS as REGISTRY
 from ..run import (
+    PARALLEL,
     ROW_ERRORS,
     RunConfig,
     ShardProgress,
@@ -106,16 +107,38 @@ def _configure_run_rows(g: argparse._ArgumentGroup) -> None:
 def _configure_run_how(p: argparse.ArgumentParser) -> None:
     """How ``prep run`` works: executor, slots, device, resume, errors, cluster, output."""
     p.add_argument(
+        "--parallel",
+        choices=PARALLEL,
+        default="auto",
+        help="shards: each worker process takes whole shards (loads, computes with one "
+        "worker's share of torch's threads, saves), as the DataLoader does with batches; "
+        "rows: one shard at a time in this process, its rows spread by --executor; auto "
+        "(the default): measured on a few rows of the first shard, once per run; --explain "
+        "says which and why",
+    )
+    p.add_argument(
         "--executor",
         default="auto",
         choices=[*REGISTRY],
-        help="how rows run inside a shard (default auto: measured on the first shard)",
+        help="how a shard's rows run (default auto: serial inside whole-shard workers, "
+        "measured on the first shard otherwise); threads, processes and joblib spread "
+        "each shard's rows, so they imply --parallel rows",
     )
-    p.add_argument("--workers", type=positive, help="row workers inside a shard")
+    p.add_argument(
+        "--workers",
+        type=positive,
+        help="worker processes (default: one per core): whole-shard workers, or the row "
+        "executor's; each gets cores/workers of torch's threads, so more workers than cores "
+        "oversubscribe them, and each whole-shard worker holds a shard in memory",
+    )
     p.add_argument(
         "--jobs",
         type=positive,
-        help="shards in flight at once (default 2; with --cluster, one per worker thread)",
+        help="shards in flight at once (default: 2 per whole-shard worker, so each has its "
+        "next shard queued; 2 with --parallel rows, one computing while the other loads or "
+        "saves; with --cluster, one per worker thread). Fewer than the workers leaves "
+        "workers idle; more with --parallel rows only holds more shards in memory, since "
+        "one shard computes at a time",
     )
     p.add_argument(
         "--device",
@@ -202,6 +225,7 @@ def _run_all(ns: argparse.Namespace, config: RunConfig) -> int:
                 resume=ns.resume,
                 cluster=ns.cluster,
                 progress=ShardProgress(quiet=ns.quiet),
+                parallel=ns.parallel,
             )
     finally:
         shutdown()  # warm row pools: no worker process outlives the command

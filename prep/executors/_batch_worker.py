@@ -3,7 +3,10 @@
 It builds whole batches, one after another, in the order they arrive: each
 message names the row function by a key (its cloudpickled bytes come once per
 worker, just before the first batch that needs them), and carries the batch's
-rows. The output is allocated in shared memory and goes back by file
+rows. A "call" unit is the same, but the keyed function is called once with the
+message's arguments and its return value is the reply: ``prep run`` sends a
+shard that way (the worker loads, computes and writes it; no tensor travels).
+The output is allocated in shared memory and goes back by file
 descriptor in the reply itself (``_fdpipe``); the failed rows of ``on_error='fill'``/``'skip'``
 come back as error replies beside it. Like ``_worker``, it imports only torch
 and prep, so prep's forkserver preloads it.
@@ -51,9 +54,26 @@ def run_whole(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("whole", seq, started, time.monotonic(), reply)
 
 
+def run_call(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``("whole", seq, started, ended, ("value", result))`` for ``("call", seq, key, args)``,
+    or a "call-error" reply with the exception (and whether it had a cause of its own:
+    a verdict such as a ShardError travels without the worker's traceback)."""
+    _, seq, _, args = msg
+    started = time.monotonic()
+    try:
+        reply: tuple[Any, ...] = ("value", fn(*args))
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt in the function too
+        error = _error(-1, exc, "call-error")
+        reply = (*error, exc.__cause__ is not None or exc.__context__ is not None)
+    return ("whole", seq, started, time.monotonic(), reply)
+
+
 def main(conn: Connection, main_pid: int, threads: int) -> None:
     """Serve whole batches until the parent says ``close`` or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # a forked worker inherits the parent's handlers (prep run's SIGTERM raises): a
+    # terminate() must end the worker, not become an exception in the unit it runs
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     limit_threads(threads)
     _watch_parent(main_pid)
     fns: dict[str, Any] = {}  # key -> the function, or the error that loading it raised
@@ -77,6 +97,8 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
         if fn is None or isinstance(fn, BaseException):
             why = fn if fn is not None else LookupError(f"no function {msg[2]!r} was sent")
             reply: tuple[Any, ...] = ("whole", msg[1], 0.0, 0.0, _error(-1, why, "load-error"))
+        elif msg[0] == "call":
+            reply = run_call(fn, msg)
         else:
             reply = run_whole(fn, msg)
         try:

@@ -94,8 +94,11 @@ class _Lane:
             _fdpipe.send(conn, ("fn", key, blob(key)))
             self.keys.add(key)
         ticket.lane, ticket.seq = self, seq
-        rows = ticket.wire if ticket.wire is not None else ticket.rows
-        _fdpipe.send(conn, ("whole", seq, key, rows, ticket.policy, ticket.into))
+        if ticket.args is not None:
+            _fdpipe.send(conn, ("call", seq, key, ticket.args))
+        else:
+            rows = ticket.wire if ticket.wire is not None else ticket.rows
+            _fdpipe.send(conn, ("whole", seq, key, rows, ticket.policy, ticket.into))
         if not self.tickets:
             ticket.started = time.monotonic()
         self.tickets.append(ticket)
@@ -150,8 +153,15 @@ class ProcessBatches:
 
     name = "processes"
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, *, fork: bool = False, threads: int | None = None) -> None:
+        """``workers`` processes, each with ``threads`` intra-op threads (default: the
+        cores shared out). ``fork``: start them by forking this process while that is
+        safe (:func:`_spawn.fork_is_safe`), so that they hold what it has imported and
+        start in milliseconds; else, and for any worker started later when it is not,
+        from prep's forkserver."""
         self.workers = workers
+        self.threads = threads or threads_per_worker(workers)
+        self._fork = fork
         self._lanes: list[_Lane] = []
         self._lock = threading.RLock()  # the lanes and their pipes: one reader at a time
         self._seq = itertools.count()
@@ -161,11 +171,20 @@ class ProcessBatches:
     # ------------------------------------------------------------ lifecycle
 
     def _new_worker(self) -> Worker:
-        return Worker(_spawn.context(), threads_per_worker(self.workers), target=_batch_worker.main)
+        if self._fork and _spawn.fork_is_safe():
+            ctx = _spawn.fork_context()
+        else:
+            _spawn.ensure_server()
+            ctx = _spawn.context()
+        return Worker(ctx, self.threads, target=_batch_worker.main)
+
+    def start(self) -> None:
+        """Start every worker now (else the first submit does)."""
+        with self._lock:
+            self._ensure_started()
 
     def _ensure_started(self) -> None:
         if len(self._lanes) < self.workers:
-            _spawn.ensure_server()
             while len(self._lanes) < self.workers:
                 self._lanes.append(_Lane(self._new_worker()))
         for lane in self._lanes:
@@ -176,17 +195,19 @@ class ProcessBatches:
     def pids(self) -> list[int]:
         return [lane.worker.proc.pid for lane in self._lanes if lane.worker.proc.pid]
 
-    def close(self) -> None:
-        """Stop every worker (asked first, terminated if it does not listen); their
-        tickets fail. It is safe to call this several times."""
+    def close(self, now: bool = False) -> None:
+        """Stop every worker (asked first, terminated if it does not listen; ``now``:
+        terminated at once, mid-unit); their tickets fail. It is safe to call this
+        several times."""
         polite = self._lock.acquire(timeout=1.0)
         try:
             lanes, self._lanes = self._lanes, []
-            for lane in lanes:
+            for lane in lanes if not now else ():
                 with contextlib.suppress(OSError):
                     _fdpipe.send(lane.worker.conn, ("close",))
             for lane in lanes:
-                lane.worker.proc.join(1)
+                if not now:
+                    lane.worker.proc.join(1)
                 lane.worker.stop()
                 for t in lane.tickets:
                     t.resolve(error=WorkerCrashed("the pool was closed with this batch in flight"))
@@ -254,6 +275,18 @@ class ProcessBatches:
                 self._send(lane, ticket)
         return tickets
 
+    def submit_call(self, key: str, args: tuple[Any, ...], what: str) -> Ticket:
+        """The function under ``key`` (:meth:`prepare`) called on ``args`` by the worker
+        likely to be free first: a unit whose worker does all of its work (``prep run``
+        sends a shard's task, and the worker loads, computes and saves it). Its value is
+        what the function returned; ``what`` names the unit in errors."""
+        ticket = Ticket.call(self, key, args, what)
+        with self._lock:
+            self._ensure_started()
+            self._read_ready()
+            self._send(_Lane.freest(self._lanes), ticket)
+        return ticket
+
     def _read_ready(self) -> None:
         """Read the replies already waiting on every worker's pipe (never waits), so that
         a batch done but not yet asked for does not count as work in hand."""
@@ -305,6 +338,34 @@ class ProcessBatches:
                 elif end is not None and time.monotonic() >= end:
                     return False
             return True
+
+    def pump_any(self, timeout: float | None) -> None:
+        """Read the replies of every worker that has one, waiting up to ``timeout``
+        seconds for the first: for a caller with units on several workers (``prep
+        run``'s shards), who takes each as it lands, whichever worker it is on. The
+        wait itself holds no lock, so units can be submitted meanwhile."""
+        with self._lock:
+            busy = {lane.worker.conn: lane for lane in self._lanes if lane.tickets}
+            ends = {lane.worker.proc.sentinel: lane for lane in busy.values()}
+        if not busy:
+            return
+        try:
+            ready = connection.wait([*busy, *ends], timeout)
+        except (OSError, ValueError):  # a lane replaced meanwhile: its pipe is closed
+            return
+        with self._lock:
+            # replies first: a worker that answered and then died has its answer read
+            for end in sorted(ready, key=lambda r: r in ends):
+                lane = busy.get(end) or ends[end]
+                if lane not in self._lanes or lane.worker.proc.sentinel not in ends:
+                    continue  # replaced (and its tickets dealt with) since the snapshot
+                if end in ends:
+                    if not lane.worker.conn.poll():
+                        self._lost(lane)
+                    continue
+                while lane.tickets and lane.worker.conn.poll():
+                    if not self._read_one(lane):
+                        break
 
     def _receive(self, lane: _Lane, msg: tuple[Any, ...], transfer: float) -> None:
         _, seq, t0, t1, reply = msg

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -110,6 +111,25 @@ def context() -> Any:
             )
         return tmp.get_context("fork")
     return _Context()
+
+
+def fork_is_safe() -> bool:
+    """Whether a worker may be forked from this process as it is now: on Linux, with no
+    other thread running (a fork copies only the caller's thread; a lock another one
+    held would stay held in the child for good), before CUDA, and unless
+    ``PREP_START_METHOD`` asks for the forkserver. A forked worker starts in
+    milliseconds and holds every module this process imported (the row function's
+    too): the DataLoader's workers start this way."""
+    return (
+        sys.platform == "linux"
+        and os.environ.get("PREP_START_METHOD", "") in ("", "fork")
+        and threading.active_count() == 1
+        and not torch.cuda.is_initialized()
+    )
+
+
+def fork_context() -> Any:
+    return tmp.get_context("fork")
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 from .._output import Output
 from .._policy import Policy
 from .._rows import Rows
-from ..errors import BatchTimeout, FunctionLoadError, RowError, WorkerCrashed
+from ..errors import BatchTimeout, FunctionLoadError, PrepError, RowError, WorkerCrashed
 from . import _worker
 from ._transport import describe_fn
 
@@ -42,6 +42,10 @@ class Ticket:
         self.reply: tuple[Any, ...] | None = None  # its worker's reply as it came (processes)
         self.into: Output | None = None  # the batch's output its part is written into, if any
         self.on_settled: Any = None  # called once when it is settled (gives the ring back)
+        # a "call" unit (``ProcessBatches.submit_call``): the keyed function's arguments,
+        # and what it works on, for errors ("the shard data/a.pt"); None for rows
+        self.args: tuple[Any, ...] | None = None
+        self.what = ""
         self._done = threading.Event()
         self._value: Value | None = None
         self._error: BaseException | None = None
@@ -62,6 +66,14 @@ class Ticket:
         start, stop = bounds
         ticket = cls(owner, rows.window(start, stop), policy, timeout)
         ticket.key, ticket.part, ticket.wire = key, bounds, wire.window(start, stop)
+        return ticket
+
+    @classmethod
+    def call(cls, owner: Any, key: str, args: tuple[Any, ...], what: str) -> Ticket:
+        """The function under ``key`` called once on ``args`` by a worker; its value is
+        what the function returned (a shard's manifest entry), its error what it raised."""
+        ticket = cls(owner, None, None, None)  # type: ignore[arg-type]  # no rows to build
+        ticket.key, ticket.args, ticket.what = key, args, what
         return ticket
 
     def done(self) -> bool:
@@ -111,6 +123,8 @@ class Ticket:
 
     def describe(self) -> str:
         """What it holds, for an error: "the batch of 64 rows", or "rows 32-63 of a batch"."""
+        if self.what:
+            return self.what
         if self.part is None:
             return f"the batch of {len(self.rows)} rows"
         return f"rows {self.part[0]}-{self.part[1] - 1} of a batch"
@@ -124,7 +138,7 @@ class Ticket:
             f"the OS killed the worker for memory (see dmesg). A new worker takes its place",
             pid=pid,
             exitcode=exitcode,
-            rows=self.part or (0, len(self.rows)),
+            rows=self.part or (0, len(self.rows) if self.rows is not None else 0),
         )
 
     def timed_out(self, what_now: str) -> BatchTimeout:
@@ -133,9 +147,18 @@ class Ticket:
         )
 
 
-def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Value | None, BaseException | None]:
-    """A worker's reply (``_worker.run_chunk``'s, or a load error) as a value or an error."""
+def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Any, BaseException | None]:
+    """A worker's reply (``_worker.run_chunk``'s, a call's, or a load error) as a value or
+    an error."""
     tag = reply[0]
+    if tag == "value":  # a call unit's return value, as it is
+        return reply[1], None
+    if tag == "call-error":
+        _, _, name, text, tb, blob, had_cause = reply
+        err = _worker.rebuild(blob, name, text, tb)
+        if not had_cause and isinstance(err, PrepError):
+            err.__cause__ = None  # prep's whole verdict (a ShardError): no traceback to add
+        return None, err
     if tag == "done":  # a part written in place, into its ticket's ``into``
         return (None, {}), None
     if tag == "chunk":

@@ -8,7 +8,8 @@ The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow
     task.py      one shard's work, wherever it runs: load -> map_rows -> save -> entry
     rows.py      what an output holds under the row options: lengths, failed rows recorded
     jobs.py      the driver: shards in flight, results recorded, Ctrl-C/SIGTERM handled
-    local.py     where shards run by default: threads of this process, one Pool each
+    plan.py      whole shards on worker processes, or rows spread out: measured, decided
+    local.py     where shards run by default: whole on worker processes, or here by rows
     dask.py      where they run with ``cluster``: a Dask scheduler (prep[dask])
     progress.py  what the person watching sees, and the run's Summary
     temps.py     temporary files: tracked, and removed once their writer is gone
@@ -27,6 +28,7 @@ from __future__ import annotations
 from .config import ROW_ERRORS, RunConfig, load_fn
 from .jobs import ON_ERROR, run_shards
 from .manifest import Manifest
+from .plan import PARALLEL, ShardFigures, ShardPlan, decide
 from .progress import ShardProgress, Summary
 from .shards import (
     FORMATS,
@@ -43,13 +45,17 @@ from .temps import remove_stale_temps
 __all__ = [
     "FORMATS",
     "ON_ERROR",
+    "PARALLEL",
     "ROW_ERRORS",
     "Manifest",
     "RunConfig",
+    "ShardFigures",
     "ShardFile",
+    "ShardPlan",
     "ShardProgress",
     "ShardTask",
     "Summary",
+    "decide",
     "explain_first_shard",
     "find_shards",
     "load_fn",

@@ -1,21 +1,19 @@
 """``prep run``: every shard through a row function, once, durably, resumably.
 
-    driver (this process)                          a slot: a thread here, or a Dask worker
-    ─────────────────────                          ───────────────────────────────────────
+    driver (this process)                  a slot: a worker process, a thread here, or Dask
+    ─────────────────────                  ─────────────────────────────────────────────────
     find_shards ─▶ drop those the manifest proves done
-    submit up to `slots` ShardTasks ──────────────▶ run_shard: load ─▶ map_rows ─▶ save
+    plan: whole shards or rows (local)
+    submit up to `slots` ShardTasks ──────▶ run_shard: load ─▶ map_rows ─▶ save
     done queue ◀──── manifest entry, or the exception ─┘
     append the entry (fsync) ─▶ progress ─▶ submit the next
     Ctrl-C / SIGTERM ─▶ abandon the tasks in flight (temp files removed) ─▶ re-raise
 
-Locally, shards run in threads of this process (``jobs`` of them, 2 by default), not in
-processes: the work inside a shard is torch kernels and file I/O, which release
-the GIL, or a row executor with its own worker processes (``workers``). Threads
-need no pickling of shards and let the driver remove every temporary file
-itself when interrupted, with no second level of processes to orphan. Each
-thread slot has its own :class:`prep.Pool`, since one executor must not run
-two batches at once. A pure-Python row function gets its parallelism from
-``executor="processes"`` inside each shard.
+Locally, :mod:`prep.run.local` runs whole shards on worker processes (each loads,
+computes and saves its shard: the DataLoader's shape), or one shard at a time in
+this process with its rows spread out by the row executor; :mod:`prep.run.plan`
+decides which from the first shard, once per run (``parallel="auto"``). Either
+way the work of a shard is :func:`~prep.run.task.run_shard`, as on a cluster.
 
 With ``cluster`` the same tasks go to a Dask scheduler (:mod:`prep.run.dask`); the
 workers read and write the files, so they must see the same paths (a shared
@@ -38,20 +36,18 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, ShardError, Terminated
 from .config import RunConfig
-from .local import LocalBackend
+from .local import local_backend
 from .manifest import Manifest
+from .plan import PARALLEL, ShardPlan
 from .progress import ShardProgress, Summary
 from .shards import find_shards
 from .signals import shielded
 from .task import ShardTask
 from .temps import remove_stale_temps
 
-__all__ = ["LOCAL_JOBS", "ON_ERROR", "Backend", "run_shards"]
+__all__ = ["ON_ERROR", "Backend", "run_shards"]
 
 ON_ERROR = ("stop", "skip")
-#: shards in flight locally by default: two, so that one shard's reading, writing
-#: and fsync overlap the other's compute (measured in scripts/bench_run.py)
-LOCAL_JOBS = 2
 _POLL = 0.25  # seconds between checks of the done queue
 
 
@@ -67,17 +63,28 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def _backend(config: RunConfig, jobs: int | None, cluster: str | None) -> Backend:
+def _backend(
+    config: RunConfig,
+    todo: deque[ShardTask],
+    jobs: int | None,
+    cluster: str | None,
+    parallel: str,
+) -> tuple[Backend, ShardPlan | None]:
     if cluster is not None:
         from .dask import DaskBackend  # Dask is an optional extra: import only when asked
 
-        return DaskBackend(cluster, jobs)
-    return LocalBackend(config, jobs or LOCAL_JOBS)
+        return DaskBackend(cluster, jobs), None
+    return local_backend(config, list(todo), jobs, parallel)
 
 
-def _check(config: RunConfig, jobs: int | None, on_error: str) -> None:
+def _check(config: RunConfig, jobs: int | None, on_error: str, parallel: str) -> None:
     if on_error not in ON_ERROR:
         raise ConfigError(f"on_error={on_error!r} is not one of {', '.join(map(repr, ON_ERROR))}")
+    if parallel not in PARALLEL:
+        raise ConfigError(
+            f"parallel={parallel!r} is not one of {', '.join(map(repr, PARALLEL))}; 'auto' "
+            f"measures the first shard and picks"
+        )
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={jobs!r} is not a positive integer; pass jobs >= 1")
     config.check()  # every setting, before any file is read or written
@@ -111,11 +118,16 @@ def run_shards(
     resume: bool = False,
     cluster: str | None = None,
     progress: ShardProgress | None = None,
+    parallel: str = "auto",
 ) -> Summary:
     """Process every shard under ``inputs`` into ``out``; returns the :class:`Summary`.
 
-    ``jobs``: shards in flight at once (default 2 locally; on a cluster, one per
-    worker thread). ``on_error="stop"`` finishes the shards in flight and starts
+    ``jobs``: shards in flight at once (default: two per worker process with whole
+    shards, 2 with rows spread out; on a cluster, one per worker thread).
+    ``parallel``: ``"shards"`` (whole shards on worker processes), ``"rows"`` (one shard
+    at a time, its rows spread by the config's executor), or ``"auto"``: measured on the
+    first shard (:mod:`prep.run.plan`); ``summary.plan`` says which ran, and why.
+    ``on_error="stop"`` finishes the shards in flight and starts
     no more after a failed shard; ``"skip"`` goes on (a row the function raises on
     fails its shard unless ``config.on_row_error`` is ``"fill"`` or ``"skip"``, which
     keep the shard and record the row in the manifest). ``resume`` skips the shards the
@@ -133,16 +145,19 @@ def run_shards(
     (2, 16, 0)
     """
     inputs = list(inputs)
-    _check(config, jobs, on_error)
+    _check(config, jobs, on_error, parallel)
     folder = Path(out)
     manifest, todo, summary, stale = _plan(inputs, folder, config, resume)
     progress = progress or ShardProgress(quiet=True)
-    progress.start(len(todo), summary.skipped, len(stale))
     if not todo:  # all done already: no pool or cluster to start
+        progress.start(0, summary.skipped, len(stale))
         progress.finish(summary)
         return summary
     started = time.monotonic()
-    backend = _backend(config, jobs, cluster)
+    # before the progress bar: whole-shard workers are forked while no thread runs
+    backend, plan = _backend(config, todo, jobs, cluster, parallel)
+    summary.plan = plan.sentence() if plan is not None else ""
+    progress.start(len(todo), summary.skipped, len(stale), summary.plan)
     try:
         _drive(backend, todo, manifest, on_error, progress, summary)
     except BaseException as exc:  # Ctrl-C, SIGTERM, or the manifest's disk failing

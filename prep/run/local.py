@@ -1,46 +1,73 @@
-"""Shards in threads of this process, each thread slot with its own :class:`prep.Pool`."""
+"""Shards on this machine: whole shards on worker processes, or one shard at a time with
+its rows spread out (:mod:`prep.run.plan` says which, and why).
+
+    ShardBackend (whole shards)                    worker k (forked from this process)
+    ───────────────────────────                    ───────────────────────────────────
+    submit: ProcessBatches.submit_call ──────────▶ run_shard_on_worker(task):
+            (a task: paths and the recipe)          load ─▶ rows (serial) ─▶ save
+    collector thread: pump_any ◀──────────────────── the manifest entry (or the error)
+            ─▶ the driver's done queue
+
+    RowBackend (rows spread out): ``jobs`` threads of this process; a shard's load and
+    save overlap another's compute, but only one shard computes at a time (a lock), so
+    no two shards' rows fight over the GIL or torch's threads; one :class:`prep.Pool`.
+
+The shard workers are forked from this process while it has no other thread, so they
+start in milliseconds holding what it imported (the row function, its modules): no
+second ``import torch``, and nothing the function sees differs from what this process
+sees. Where forking is not safe (other threads run, CUDA is up) they come from prep's
+forkserver, started in the background while the first shard is measured.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
+from .._rows import rows_of
+from ..executors import available_cores, in_worker_process, threads_per_worker
+from ..executors._batches import ProcessBatches
+from ..executors._spawn import fork_is_safe, server_running, start_costs, warm_up
+from ..executors._ticket import Ticket
 from ..pool import Pool
 from .config import RunConfig
-from .task import ShardTask, run_shard
+from .plan import ShardFigures, ShardPlan, decide, measure
+from .shards import load_shard
+from .task import IN_WORKER, ShardTask, run_shard, run_shard_on_worker, shard_batch
 from .temps import Temps
 
-__all__ = ["LocalBackend"]
+__all__ = ["LOCAL_JOBS", "RowBackend", "ShardBackend", "local_backend"]
+
+#: shards in flight one at a time with rows spread out: two, so that one shard's reading,
+#: writing and fsync overlap the other's compute
+LOCAL_JOBS = 2
+#: seconds prep's forkserver is taken to need to start when it has not been measured
+_SERVER_GUESS = 2.0
 
 
-class LocalBackend:
-    """``jobs`` shards at once in daemon threads, each slot with its own ``prep.Pool``."""
+class RowBackend:
+    """``jobs`` shards at once in daemon threads; their rows one shard at a time."""
 
     def __init__(self, config: RunConfig, jobs: int) -> None:
         self.slots = jobs
-        self._pools: list[Pool] = [
-            Pool(config.executor, config.workers, config.device, setup=config.setup_fn())
-            for _ in range(jobs)
-        ]
-        self._free: queue.SimpleQueue[Pool] = queue.SimpleQueue()
-        for pool in self._pools:
-            self._free.put(pool)
+        self._pool = Pool(config.executor, config.workers, config.device, setup=config.setup_fn())
+        self._compute = threading.Lock()
         self._cancel = threading.Event()
         self._temps = Temps()
         self._threads: list[threading.Thread] = []
 
     def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
         def work() -> None:
-            pool = self._free.get()
             try:
-                outcome: Any = run_shard(task, pool, self._cancel, self._temps)
+                outcome: Any = run_shard(task, self._pool, self._cancel, self._temps, self._compute)
             except BaseException as exc:  # reported by the driver, never lost in a thread
                 outcome = exc
-            finally:
-                self._free.put(pool)
             done.put((task, outcome))
 
         # daemon: a thread stuck in a long row loop must not keep an interrupted run alive
@@ -53,8 +80,7 @@ class LocalBackend:
         """Stop at the next step; remove temporary files; stop process workers mid-row."""
         self._cancel.set()
         self._temps.abandon()  # from here on no temp file is created or renamed into place
-        for pool in self._pools:
-            pool.close()
+        self._pool.close()
         deadline = time.monotonic() + grace
         for t in self._threads:
             # a Ctrl-C inside start() can leave one not started: nothing to wait for
@@ -64,5 +90,147 @@ class LocalBackend:
     def close(self) -> None:
         for t in self._threads:
             t.join()
-        for pool in self._pools:
-            pool.close()
+        self._pool.close()
+
+
+class ShardBackend:
+    """Whole shards on the worker processes of ``pool``, ``jobs`` in flight."""
+
+    def __init__(self, pool: ProcessBatches, jobs: int) -> None:
+        self.slots = jobs
+        self._pool = pool
+        self._key = pool.prepare(run_shard_on_worker)
+        self._lock = threading.Lock()
+        self._flying: dict[Ticket, tuple[ShardTask, queue.SimpleQueue[Any]]] = {}
+        self._stop = threading.Event()
+        self._collector: threading.Thread | None = None
+
+    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
+        ticket = self._pool.submit_call(self._key, (task,), f"the shard {task.source.path}")
+        with self._lock:
+            self._flying[ticket] = (task, done)
+        if self._collector is None:  # started after the workers were forked, never before
+            self._collector = threading.Thread(
+                target=self._collect, name="prep-shard-collector", daemon=True
+            )
+            self._collector.start()
+
+    def _collect(self) -> None:
+        while not self._stop.is_set():
+            self._pool.pump_any(0.1)
+            with self._lock:
+                landed = [t for t in self._flying if t.done()]
+                pairs = [(t, self._flying.pop(t)) for t in landed]
+            for ticket, (task, done) in pairs:
+                try:
+                    outcome: Any = ticket.result()
+                except BaseException as exc:  # the shard's own error, or its worker's death
+                    outcome = exc
+                done.put((task, outcome))
+
+    def abandon(self) -> None:
+        """Terminate the workers mid-shard; their temporary files are the driver's to
+        remove (their writers are gone)."""
+        self._stop.set()
+        self._pool.close(now=True)
+        self._join()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._join()
+        self._pool.close()
+
+    def _join(self) -> None:
+        if self._collector is not None:
+            with contextlib.suppress(RuntimeError):
+                self._collector.join(5)
+
+
+def rows_only(config: RunConfig, workers: int) -> str | None:
+    """Why shards cannot go whole to worker processes here, or None if they can."""
+    if config.device is not None and config.device != "cpu":
+        return f"--device {config.device}: worker processes never touch a GPU"
+    if config.executor not in (*IN_WORKER, "auto"):
+        return f"--executor {config.executor} spreads each shard's rows"
+    if in_worker_process():
+        return "this is a daemon process (a DataLoader worker), which cannot have children"
+    if workers <= 1:
+        return "--workers 1: one worker process would run a shard no faster than this one"
+    return None
+
+
+def local_backend(
+    config: RunConfig, todo: Sequence[ShardTask], jobs: int | None, parallel: str
+) -> tuple[RowBackend | ShardBackend, ShardPlan]:
+    """The backend for ``todo`` and the plan it follows (``parallel``: auto, shards, rows)."""
+    workers = config.workers or available_cores()
+    threads = threads_per_worker(workers)
+    why = rows_only(config, workers)
+    if why is None and parallel == "auto" and len(todo) < 2:
+        why = f"{len(todo)} shard cannot keep {workers} worker processes busy"
+    if parallel == "rows" or why is not None:
+        reason = why or "--parallel rows"
+        plan = ShardPlan("rows", workers, threads, {}, f"one shard at a time ({reason})")
+        return RowBackend(config, jobs or LOCAL_JOBS), plan
+    pool = ProcessBatches(workers, fork=True)
+    start = 0.0
+    if fork_is_safe():
+        pool.start()  # forked now, before this process has threads: milliseconds
+    else:
+        warm_up()  # the forkserver starts in the background while the first shard loads
+        start = start_costs().server or _SERVER_GUESS
+    if parallel == "shards":
+        why = "whole shards per worker (--parallel shards)"
+        plan = ShardPlan("shards", workers, threads, {}, why)
+    else:
+        figures = first_shard_figures(todo[0], config, workers, len(todo), start)
+        plan = decide(figures) if figures is not None else _unmeasured(len(todo), workers)
+    if plan.mode == "shards":
+        return ShardBackend(pool, jobs or 2 * workers), plan
+    pool.close()
+    return RowBackend(config, jobs or LOCAL_JOBS), plan
+
+
+def _unmeasured(shards: int, workers: int) -> ShardPlan:
+    return ShardPlan(
+        "shards",
+        workers,
+        threads_per_worker(workers),
+        {},
+        f"{shards} shards on {workers} worker processes (the first shard could not be "
+        f"measured: its own run reports why)",
+    )
+
+
+def first_shard_figures(
+    task: ShardTask, config: RunConfig, workers: int, shards: int, shard_start: float
+) -> ShardFigures | None:
+    """:class:`ShardFigures` from the first shard, read and computed on here (a few rows);
+    None if it cannot be (its own run will say why)."""
+    try:
+        t = time.perf_counter()
+        tensors = load_shard(task.source.path, trust_pickle=config.trust_pickle)
+        load = time.perf_counter() - t
+        batch, n = shard_batch(tensors, config.columns, task.source.path)
+        fn = config.bound_fn()
+        setup = config.setup_fn()
+        if setup is not None:
+            fn = functools.partial(fn, state=setup())
+        if n == 0:
+            return None
+        one, every = measure(fn, rows_of(batch).call, n, workers)
+    except Exception:
+        return None
+    # the rows' alternative to whole shards on workers: a row-level process pool, where the
+    # executor may be one (it starts prep's forkserver, unless it is up)
+    server = 0.0 if server_running() else (start_costs().server or _SERVER_GUESS)
+    return ShardFigures(
+        shards=shards,
+        rows=n,
+        workers=workers,
+        one_thread_row=one,
+        all_threads_row=every,
+        load=load,
+        shard_start=shard_start,
+        pool_start=server if config.executor == "auto" else math.inf,
+    )

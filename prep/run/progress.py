@@ -38,6 +38,8 @@ class Summary:
     on_row_error: str = "raise"  # what rows the function raised on did: see prep.run.rows
     rows_failed: int = 0  # under on_row_error fill/skip: filled or left out
     shards_with_failed_rows: int = 0
+    #: how the shards ran, and why, in one sentence (locally; "" on a cluster)
+    plan: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -65,10 +67,12 @@ class ShardProgress:
         self._rows = 0
         self._started = time.monotonic()
 
-    def start(self, todo: int, skipped: int, stale: int) -> None:
+    def start(self, todo: int, skipped: int, stale: int, plan: str = "") -> None:
         self._total, self._started = todo, time.monotonic()
         if self.quiet:
             return
+        if plan:
+            self._line(plan)
         if skipped or stale:
             self._line(
                 f"{skipped} shard(s) already done per the manifest, skipped; "

@@ -12,6 +12,7 @@ arguments), so it pickles small; the function is imported where it runs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import threading
@@ -35,7 +36,11 @@ from .rows import failed_rows, with_lengths
 from .shards import ShardFile, find_shards, load_shard, save_shard
 from .temps import Temps
 
-__all__ = ["ShardTask", "explain_first_shard", "run_shard"]
+__all__ = ["IN_WORKER", "ShardTask", "explain_first_shard", "run_shard", "run_shard_on_worker"]
+
+#: executors a shard worker may run its rows with: those that need no process of their
+#: own (auto runs serial there, the reference, so that no worker calibrates on its own)
+IN_WORKER = ("serial", "vmap", "vectorized")
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class ShardTask:
     config: RunConfig
 
 
-def _batch(
+def shard_batch(
     tensors: dict[str, Tensor], columns: tuple[str, ...] | None, path: Path
 ) -> tuple[Any, int]:
     """The shard as a ``map_rows`` batch (a dict, or a tuple in ``columns`` order) and its rows."""
@@ -95,25 +100,28 @@ def run_shard(
     pool: Pool | None = None,
     cancel: threading.Event | None = None,
     temps: Temps | None = None,
+    compute: threading.Lock | None = None,
 ) -> dict[str, Any]:
     """Process one shard and return its manifest entry (the manifest is the caller's).
 
     ``pool`` runs the rows (else :func:`prep.map_rows` with the config's executor);
-    ``cancel`` is checked between the steps; ``temps`` tracks the temporary file.
+    ``cancel`` is checked between the steps; ``temps`` tracks the temporary file;
+    ``compute``, held while the rows run, keeps shards in threads from computing at once.
     """
     started = time.monotonic()
     config, src = task.config, task.source
     before = _stat(src.path)
     tensors = load_shard(src.path, trust_pickle=config.trust_pickle)
-    batch, rows = _batch(tensors, config.columns, src.path)
+    batch, rows = shard_batch(tensors, config.columns, src.path)
     if config.columns is None:  # the row's tensors go by their names in this shard
         config.check_call(list(batch))
     fn = config.bound_fn()
     if config.device is not None and torch.device(config.device).type != "cpu":
         # compute where the result is wanted: the batched twin then runs on the GPU
         batch = _to(batch, config.device)
-    _check(cancel, src)
-    result = _map(fn, batch, rows, config, pool, src)
+    with compute or contextlib.nullcontext():
+        _check(cancel, src)
+        result = _map(fn, batch, rows, config, pool, src)
     _check(cancel, src)
     if _stat(src.path) != before:  # with mmap the data was read during the call
         raise ShardError(f"{src.path}: changed while it was read; rerun once it is complete")
@@ -136,6 +144,23 @@ def run_shard(
         "seconds": round(time.monotonic() - started, 6),
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+#: the Pool of each (executor, setup) in this worker process: setup= runs once a worker
+_worker_pools: dict[tuple[str, str | None], Pool] = {}
+
+
+def run_shard_on_worker(task: ShardTask) -> dict[str, Any]:
+    """:func:`run_shard` in a shard worker process (``prep run``'s shards in parallel): the
+    rows run with the config's executor if it needs no process of its own (serial for
+    auto), on this worker's share of the cores, and ``--setup`` once per worker."""
+    config = task.config
+    executor = config.executor if config.executor in IN_WORKER else "serial"
+    key = (executor, config.setup)
+    pool = _worker_pools.get(key)
+    if pool is None:
+        pool = _worker_pools[key] = Pool(executor, 1, setup=config.setup_fn())
+    return run_shard(task, pool)
 
 
 def _map(
@@ -201,7 +226,8 @@ def explain_first_shard(
     """
     config.check_rows()
     first = find_shards(inputs)[0].path  # find_shards raises ConfigError when there are none
-    batch, rows = _batch(load_shard(first, trust_pickle=config.trust_pickle), config.columns, first)
+    tensors = load_shard(first, trust_pickle=config.trust_pickle)
+    batch, rows = shard_batch(tensors, config.columns, first)
     config.check_call(list(batch) if isinstance(batch, dict) else None)
     if rows == 0:
         raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
