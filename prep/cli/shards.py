@@ -16,6 +16,7 @@ from ..run import (
     RunConfig,
     ShardProgress,
     explain_first_shard,
+    explain_run,
     make_shards,
     run_shards,
     sigterm_raises,
@@ -169,8 +170,9 @@ def _configure_run_how(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--explain",
         action="store_true",
-        help="measure the function on the first shard, print what executor='auto' would "
-        "pick and why, with the row options, and stop (nothing is written)",
+        help="measure the function on the first shard, print what the run would do and "
+        "why (whole shards or rows, the threads prep sets, and what executor='auto' would "
+        "pick for the rows), with the row options, and stop (nothing is written)",
     )
 
 
@@ -203,13 +205,19 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _explain(ns: argparse.Namespace, config: RunConfig) -> int:
+    if ns.cluster is not None:
+        try:
+            first, why = explain_first_shard(ns.inputs, config)
+        finally:
+            shutdown()
+        print(f"{first}:")
+        print(f"row options: {config.row_flags()}")
+        print(why)
+        return 0
     try:
-        first, why = explain_first_shard(ns.inputs, config)
+        print(explain_run(ns.inputs, config, ns.parallel))
     finally:
         shutdown()
-    print(f"{first}:")
-    print(f"row options: {config.row_flags()}")
-    print(why)
     return 0
 
 

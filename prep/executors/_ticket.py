@@ -133,7 +133,7 @@ class Ticket:
         """The error for the batch whose worker died on it (now :attr:`crashed`)."""
         self.crashed = True
         return WorkerCrashed(
-            f"worker pid {pid} died with {how} while it built {self.describe()}; likely "
+            f"worker pid {pid} died with {how} while it worked on {self.describe()}; likely "
             f"causes: a segfault or abort in the row function (or a library it calls), or "
             f"the OS killed the worker for memory (see dmesg). A new worker takes its place",
             pid=pid,

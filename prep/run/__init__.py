@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from .config import ROW_ERRORS, RunConfig, load_fn
 from .jobs import ON_ERROR, run_shards
+from .local import explain_run
 from .manifest import Manifest
 from .plan import PARALLEL, ShardFigures, ShardPlan, decide
 from .progress import ShardProgress, Summary
@@ -57,6 +58,7 @@ __all__ = [
     "Summary",
     "decide",
     "explain_first_shard",
+    "explain_run",
     "find_shards",
     "load_fn",
     "load_shard",

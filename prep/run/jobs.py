@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError, ShardError, Terminated
 from .config import RunConfig
-from .local import local_backend
+from .local import check_parallel, local_backend
 from .manifest import Manifest
 from .plan import PARALLEL, ShardPlan
 from .progress import ShardProgress, Summary
@@ -85,6 +85,7 @@ def _check(config: RunConfig, jobs: int | None, on_error: str, parallel: str) ->
             f"parallel={parallel!r} is not one of {', '.join(map(repr, PARALLEL))}; 'auto' "
             f"measures the first shard and picks"
         )
+    check_parallel(config, parallel)
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ConfigError(f"jobs={jobs!r} is not a positive integer; pass jobs >= 1")
     config.check()  # every setting, before any file is read or written

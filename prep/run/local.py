@@ -22,15 +22,20 @@ forkserver, started in the background while the first shard is measured.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import queue
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from .._rows import rows_of
+import torch
+
+from ..api import map_rows
+from ..errors import ConfigError
 from ..executors import available_cores, in_worker_process, threads_per_worker
 from ..executors._batches import ProcessBatches
 from ..executors._spawn import fork_is_safe, server_running, start_costs, warm_up
@@ -38,11 +43,27 @@ from ..executors._ticket import Ticket
 from ..pool import Pool
 from .config import RunConfig
 from .plan import ShardFigures, ShardPlan, decide, measure
-from .shards import load_shard
-from .task import IN_WORKER, ShardTask, run_shard, run_shard_on_worker, shard_batch
+from .shards import find_shards, load_shard
+from .task import (
+    IN_WORKER,
+    ShardTask,
+    explain_first_shard,
+    run_shard,
+    run_shard_on_worker,
+    shard_batch,
+)
 from .temps import Temps
 
-__all__ = ["LOCAL_JOBS", "RowBackend", "ShardBackend", "local_backend"]
+__all__ = [
+    "LOCAL_JOBS",
+    "RowBackend",
+    "ShardBackend",
+    "check_parallel",
+    "explain_run",
+    "local_backend",
+    "plan_run",
+    "threads_line",
+]
 
 #: shards in flight one at a time with rows spread out: two, so that one shard's reading,
 #: writing and fsync overlap the other's compute
@@ -96,9 +117,10 @@ class RowBackend:
 class ShardBackend:
     """Whole shards on the worker processes of ``pool``, ``jobs`` in flight."""
 
-    def __init__(self, pool: ProcessBatches, jobs: int) -> None:
+    def __init__(self, pool: ProcessBatches, jobs: int, form: str = "serial") -> None:
         self.slots = jobs
         self._pool = pool
+        self._form = form  # the executor each worker runs a shard's rows with
         self._key = pool.prepare(run_shard_on_worker)
         self._lock = threading.Lock()
         self._flying: dict[Ticket, tuple[ShardTask, queue.SimpleQueue[Any]]] = {}
@@ -106,7 +128,9 @@ class ShardBackend:
         self._collector: threading.Thread | None = None
 
     def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
-        ticket = self._pool.submit_call(self._key, (task,), f"the shard {task.source.path}")
+        config = dataclasses.replace(task.config, executor=self._form)
+        sent = dataclasses.replace(task, config=config)
+        ticket = self._pool.submit_call(self._key, (sent,), f"the shard {task.source.path}")
         with self._lock:
             self._flying[ticket] = (task, done)
         if self._collector is None:  # started after the workers were forked, never before
@@ -146,56 +170,121 @@ class ShardBackend:
                 self._collector.join(5)
 
 
-def rows_only(config: RunConfig, workers: int) -> str | None:
-    """Why shards cannot go whole to worker processes here, or None if they can."""
+def local_backend(
+    config: RunConfig, todo: Sequence[ShardTask], jobs: int | None, parallel: str
+) -> tuple[RowBackend | ShardBackend, ShardPlan]:
+    """The backend for ``todo`` and the plan it follows (``parallel``: auto, shards, rows)."""
+    workers = config.workers or available_cores()
+    if parallel == "rows" or _rows_only(config, workers, len(todo), parallel) is not None:
+        return RowBackend(config, jobs or LOCAL_JOBS), plan_run(config, todo, parallel)
+    # the workers first, forked while this process has no other thread; the figures after
+    pool = ProcessBatches(workers, fork=True)
+    start = 0.0
+    if fork_is_safe():
+        pool.start()
+    else:
+        warm_up()  # the forkserver starts in the background while the first shard loads
+        start = start_costs().server or _SERVER_GUESS
+    plan = plan_run(config, todo, parallel, start)
+    if plan.mode == "shards":
+        return ShardBackend(pool, jobs or 2 * workers, plan.form), plan
+    pool.close()
+    return RowBackend(config, jobs or LOCAL_JOBS), plan
+
+
+def plan_run(
+    config: RunConfig, todo: Sequence[ShardTask], parallel: str, start: float | None = None
+) -> ShardPlan:
+    """Whole shards or rows for ``todo``, and why (``start``: seconds the shard workers
+    still need to start; by default, none if they can be forked now). Starts nothing."""
+    workers = config.workers or available_cores()
+    threads = threads_per_worker(workers)
+    why = _rows_only(config, workers, len(todo), parallel)
+    if parallel == "rows" or why is not None:
+        reason = f"one shard at a time, its rows spread by --executor {config.executor} "
+        reason += f"({why or '--parallel rows'})"
+        return ShardPlan("rows", workers, threads, config.executor, {}, reason)
+    if parallel == "shards":
+        form = _form(config)
+        why = f"whole shards on {workers} worker processes, rows {form}, {threads} thread(s) each"
+        return ShardPlan("shards", workers, threads, form, {}, f"{why} (--parallel shards)")
+    if start is None:
+        start = 0.0 if fork_is_safe() else (start_costs().server or _SERVER_GUESS)
+    figures = first_shard_figures(todo[0], config, workers, len(todo), start)
+    if figures is None:
+        return _unmeasured(len(todo), workers, _form(config))
+    return decide(figures)
+
+
+def check_parallel(config: RunConfig, parallel: str) -> None:
+    """A ConfigError if ``parallel="shards"`` cannot be had with ``config`` here."""
+    if parallel != "shards":
+        return
+    why = _rows_only(config, config.workers or available_cores(), 2, parallel)
+    if why is not None:
+        raise ConfigError(
+            f"--parallel shards cannot run here: {why}; pass --parallel rows (or auto)"
+        )
+
+
+def explain_run(inputs: Sequence[Any], config: RunConfig, parallel: str = "auto") -> str:
+    """What ``prep run`` would do with ``inputs`` here, for ``--explain``: the plan in one
+    sentence first, the threads prep sets, then how a shard's rows run (auto's
+    calibration on the first shard, where the rows are spread out by auto)."""
+    check_parallel(config, parallel)
+    shards = find_shards(inputs)
+    tasks = [ShardTask(s, Path("."), config) for s in shards]
+    plan = plan_run(config, tasks, parallel)
+    lines = [plan.sentence(), threads_line(plan)]
+    if plan.mode == "rows" and config.executor == "auto":
+        first, why = explain_first_shard(inputs, config)
+        lines += [f"{first}:", f"row options: {config.row_flags()}", str(why)]
+    else:
+        where = "in each worker" if plan.mode == "shards" else "in this process"
+        lines += [f"rows {where}: {plan.form}", f"row options: {config.row_flags()}"]
+    return "\n".join(lines)
+
+
+def threads_line(plan: ShardPlan) -> str:
+    """What prep sets for torch's intra-op threads under ``plan``, for ``--explain``."""
+    if plan.mode == "shards":
+        return (
+            f"torch threads: {plan.threads} in each of the {plan.workers} worker processes "
+            f"(cores / workers, so workers x threads <= cores; the DataLoader sets 1); "
+            f"this process only hands out shards"
+        )
+    return (
+        f"torch threads: this process keeps its own ({torch.get_num_threads()}) for the rows; "
+        f"a row executor's worker processes get {plan.threads} each (cores / workers)"
+    )
+
+
+def _form(config: RunConfig) -> str:
+    """What a whole-shard worker runs rows with when nothing was measured."""
+    return config.executor if config.executor in IN_WORKER else "serial"
+
+
+def _rows_only(config: RunConfig, workers: int, shards: int, parallel: str) -> str | None:
+    """Why shards cannot (or, under auto, need not) go whole to worker processes here."""
     if config.device is not None and config.device != "cpu":
         return f"--device {config.device}: worker processes never touch a GPU"
     if config.executor not in (*IN_WORKER, "auto"):
         return f"--executor {config.executor} spreads each shard's rows"
     if in_worker_process():
         return "this is a daemon process (a DataLoader worker), which cannot have children"
-    if workers <= 1:
+    if parallel == "auto" and workers <= 1:
         return "--workers 1: one worker process would run a shard no faster than this one"
+    if parallel == "auto" and shards < 2:
+        return f"{shards} shard cannot keep {workers} worker processes busy"
     return None
 
 
-def local_backend(
-    config: RunConfig, todo: Sequence[ShardTask], jobs: int | None, parallel: str
-) -> tuple[RowBackend | ShardBackend, ShardPlan]:
-    """The backend for ``todo`` and the plan it follows (``parallel``: auto, shards, rows)."""
-    workers = config.workers or available_cores()
-    threads = threads_per_worker(workers)
-    why = rows_only(config, workers)
-    if why is None and parallel == "auto" and len(todo) < 2:
-        why = f"{len(todo)} shard cannot keep {workers} worker processes busy"
-    if parallel == "rows" or why is not None:
-        reason = why or "--parallel rows"
-        plan = ShardPlan("rows", workers, threads, {}, f"one shard at a time ({reason})")
-        return RowBackend(config, jobs or LOCAL_JOBS), plan
-    pool = ProcessBatches(workers, fork=True)
-    start = 0.0
-    if fork_is_safe():
-        pool.start()  # forked now, before this process has threads: milliseconds
-    else:
-        warm_up()  # the forkserver starts in the background while the first shard loads
-        start = start_costs().server or _SERVER_GUESS
-    if parallel == "shards":
-        why = "whole shards per worker (--parallel shards)"
-        plan = ShardPlan("shards", workers, threads, {}, why)
-    else:
-        figures = first_shard_figures(todo[0], config, workers, len(todo), start)
-        plan = decide(figures) if figures is not None else _unmeasured(len(todo), workers)
-    if plan.mode == "shards":
-        return ShardBackend(pool, jobs or 2 * workers), plan
-    pool.close()
-    return RowBackend(config, jobs or LOCAL_JOBS), plan
-
-
-def _unmeasured(shards: int, workers: int) -> ShardPlan:
+def _unmeasured(shards: int, workers: int, form: str) -> ShardPlan:
     return ShardPlan(
         "shards",
         workers,
         threads_per_worker(workers),
+        form,
         {},
         f"{shards} shards on {workers} worker processes (the first shard could not be "
         f"measured: its own run reports why)",
@@ -212,25 +301,41 @@ def first_shard_figures(
         tensors = load_shard(task.source.path, trust_pickle=config.trust_pickle)
         load = time.perf_counter() - t
         batch, n = shard_batch(tensors, config.columns, task.source.path)
+        if n == 0:
+            return None
         fn = config.bound_fn()
         setup = config.setup_fn()
         if setup is not None:
             fn = functools.partial(fn, state=setup())
-        if n == 0:
-            return None
-        one, every = measure(fn, rows_of(batch).call, n, workers)
+        options = {k: v for k, v in config.row_options().items() if k in ("pad", "pad_to")}
+
+        def run(executor: str, k: int) -> Any:
+            return map_rows(fn, _head(batch, k), executor=executor, workers=1, **options)
+
+        names = IN_WORKER if config.executor == "auto" else (config.executor,)
+        forms = measure(run, n, workers, names)
     except Exception:
+        return None
+    if not forms.one:
         return None
     # the rows' alternative to whole shards on workers: a row-level process pool, where the
     # executor may be one (it starts prep's forkserver, unless it is up)
     server = 0.0 if server_running() else (start_costs().server or _SERVER_GUESS)
+    form = forms.best_one()
     return ShardFigures(
         shards=shards,
         rows=n,
         workers=workers,
-        one_thread_row=one,
-        all_threads_row=every,
+        one_thread_row=forms.one[form],
+        all_threads_row=min(forms.every.values()),
         load=load,
         shard_start=shard_start,
         pool_start=server if config.executor == "auto" else math.inf,
+        form=form,
     )
+
+
+def _head(batch: Any, k: int) -> Any:
+    if isinstance(batch, dict):
+        return {name: t[:k] for name, t in batch.items()}
+    return tuple(t[:k] for t in batch)

@@ -18,7 +18,9 @@ cannot be had (a CUDA device, inside a daemon process).
 
 :func:`measure` takes the figures on the first shard, in this process: its load,
 and a few of its rows with one worker's share of torch's threads and with all
-of them (the rows' first calls are not counted: they pay one-time loads).
+of them (the rows' first calls are not counted: they pay one-time loads), with
+serial, the function's batched twin and vmap; a whole-shard worker runs the
+fastest form whose values equal serial's.
 """
 
 from __future__ import annotations
@@ -31,16 +33,25 @@ from typing import Any
 
 import torch
 
+from .._trust import same
 from ..executors import available_cores, threads_per_worker
 
-__all__ = ["PARALLEL", "ROW_POOL_EFFICIENCY", "ShardFigures", "ShardPlan", "decide", "measure"]
+__all__ = [
+    "PARALLEL",
+    "ROW_POOL_EFFICIENCY",
+    "Forms",
+    "ShardFigures",
+    "ShardPlan",
+    "decide",
+    "measure",
+]
 
 #: what ``--parallel`` accepts
 PARALLEL = ("auto", "shards", "rows")
 #: the share of W cores a row-level process pool turns into speed on one shard (its
 #: dispatch, the rows' transport and the merge cost the rest; bench_core measures it)
 ROW_POOL_EFFICIENCY = 0.8
-#: seconds of rows measured at most per thread setting
+#: seconds of serial rows measured per thread setting (about)
 _BUDGET = 0.05
 _WARM_ROWS = 2
 
@@ -56,7 +67,8 @@ class ShardFigures:
     all_threads_row: float  # a row with this process's threads (all cores)
     load: float  # loading a shard (saving one is counted the same)
     shard_start: float = 0.0  # starting the shard workers (0: they are up)
-    pool_start: float = 0.0  # starting a row-level process pool (0: it is up)
+    pool_start: float = 0.0  # starting a row-level process pool (0: it is up; inf: none)
+    form: str = "serial"  # what the shard workers run each shard's rows with
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,7 @@ class ShardPlan:
     mode: str
     workers: int
     threads: int  # torch's intra-op threads in each worker process
+    form: str  # the executor a whole-shard worker runs its rows with
     predicted: dict[str, float]  # seconds for the run's shards, each way
     reason: str
 
@@ -88,10 +101,10 @@ def decide(f: ShardFigures, cores: int | None = None) -> ShardPlan:
     if f.workers > 1 and shards < rows:
         reason = (
             f"{f.shards} shard(s) on {f.workers} worker processes, a whole shard each, "
-            f"{threads} thread(s) each, are predicted to take {shards:.2f} s against "
-            f"{rows:.2f} s one shard at a time with its rows spread out"
+            f"rows {f.form}, {threads} thread(s) each, are predicted to take {shards:.2f} s "
+            f"against {rows:.2f} s one shard at a time with its rows spread out"
         )
-        return ShardPlan("shards", f.workers, threads, predicted, reason)
+        return ShardPlan("shards", f.workers, threads, f.form, predicted, reason)
     if f.workers <= 1:
         why = "one worker process would run a shard no faster than this process"
     elif f.shards < f.workers:
@@ -102,35 +115,63 @@ def decide(f: ShardFigures, cores: int | None = None) -> ShardPlan:
         f"{f.shards} shard(s) one at a time, rows spread out, are predicted to take "
         f"{rows:.2f} s against {shards:.2f} s a whole shard per worker: {why}"
     )
-    return ShardPlan("rows", f.workers, threads, predicted, reason)
+    return ShardPlan("rows", f.workers, threads, f.form, predicted, reason)
+
+
+@dataclass
+class Forms:
+    """Seconds a row took with each in-process form of the function (serial, its batched
+    twin, vmap) on one worker's share of torch's threads and with all of them; the forms
+    that could not run, or gave other values than serial, with the reason."""
+
+    one: dict[str, float]
+    every: dict[str, float]
+    dropped: dict[str, str]
+
+    def best_one(self) -> str:
+        """The form a worker process with one worker's threads runs fastest."""
+        return min(self.one, key=self.one.__getitem__)
 
 
 def measure(
-    fn: Callable[..., Any], call: Callable[[Callable[..., Any], int], Any], rows: int, workers: int
-) -> tuple[float, float]:
-    """Seconds a row takes on one worker's share of torch's threads, and with all of
-    them: ``call(fn, i)`` runs row ``i``. A few rows each, the first ones not counted.
-    torch's thread count is put back as it was."""
+    run: Callable[[str, int], Any], rows: int, workers: int, names: tuple[str, ...]
+) -> Forms:
+    """How long each form in ``names`` takes a row: ``run(name, k)`` computes the first
+    ``k`` rows with executor ``name`` and returns the result. Serial first, and as many
+    rows as fit ``_BUDGET`` seconds (a warm-up call first: one-time loads, a cold
+    thread pool); every other form on the same rows, kept only where its values equal
+    serial's (:func:`prep._trust.same`). torch's thread count is put back as it was."""
     before = torch.get_num_threads()
+    one_thread = threads_per_worker(workers)
+    forms = Forms({}, {}, {})
     try:
-        one = _per_row(fn, call, rows, threads_per_worker(workers), 0)
-        every = _per_row(fn, call, rows, before, 1)
+        torch.set_num_threads(one_thread)
+        run("serial", min(rows, _WARM_ROWS))
+        t = time.perf_counter()
+        run("serial", min(rows, _WARM_ROWS))
+        guess = (time.perf_counter() - t) / min(rows, _WARM_ROWS)
+        k = max(min(rows, 3), min(rows, int(_BUDGET / max(guess, 1e-7))))
+        reference = None
+        for name in names:
+            try:
+                for threads, table in ((one_thread, forms.one), (before, forms.every)):
+                    torch.set_num_threads(threads)
+                    if name != "serial":
+                        run(name, min(rows, _WARM_ROWS))
+                    t = time.perf_counter()
+                    result = run(name, k)
+                    table[name] = (time.perf_counter() - t) / k
+            except Exception as exc:  # this form cannot run on these rows
+                forms.one.pop(name, None)
+                forms.every.pop(name, None)
+                forms.dropped[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:120]
+                continue
+            if reference is None:
+                reference = result
+            elif not same(result, reference):
+                forms.one.pop(name)
+                forms.every.pop(name)
+                forms.dropped[name] = "its values differ from serial's on the measured rows"
     finally:
         torch.set_num_threads(before)
-    return one, every
-
-
-def _per_row(
-    fn: Callable[..., Any], call: Callable[[Callable[..., Any], int], Any], rows: int,
-    threads: int, phase: int,
-) -> float:  # fmt: skip
-    torch.set_num_threads(threads)
-    i = phase * _WARM_ROWS
-    for _ in range(_WARM_ROWS):  # one-time loads, a cold thread pool
-        call(fn, i % rows)
-        i += 1
-    start, n = time.perf_counter(), 0
-    while n < rows and (n < 3 or time.perf_counter() - start < _BUDGET):
-        call(fn, i % rows)
-        i, n = i + 1, n + 1
-    return (time.perf_counter() - start) / n
+    return forms
