@@ -292,10 +292,16 @@ def test_the_library_checks_the_row_options_too(tmp_path):
 
 def test_explain_shows_the_row_options(tmp_path, capsys):
     data = make(tmp_path / "data", fails=True)
-    assert cli("run", data, "--out", tmp_path / "o", *VARIABLE, "--pad", 0,
-               "--on-row-error", "fill", "--fill", -1, "--explain") == 0  # fmt: skip
+    options = ["--pad", 0, "--on-row-error", "fill", "--fill", -1]
+    assert cli("run", data, "--out", tmp_path / "o", *VARIABLE, *options, "--explain") == 0
     text = capsys.readouterr().out
+    assert text.startswith(("shards: ", "rows: "))  # the plan first, measured with the options
+    assert "could not be measured" not in text
     assert "a.pt:" in text and "row options: --pad 0 --on-row-error fill --fill -1" in text
+    # rows spread out by auto: auto's calibration of the first shard, with the options
+    assert cli("run", data, "--out", tmp_path / "o", *VARIABLE, *options, "--explain",
+               "--parallel", "rows") == 0  # fmt: skip
+    text = capsys.readouterr().out
     assert "auto: 4 rows" in text and "choice:" in text
     assert not (tmp_path / "o").exists()
 

@@ -19,9 +19,6 @@ import re
 import time
 from typing import Any
 
-import loky
-from loky.process_executor import TerminatedWorkerError
-
 from .._output import Output
 from .._policy import ResultCheck
 from ..errors import WorkerCrashed
@@ -79,6 +76,10 @@ class JoblibExecutor(Executor):
     ) -> tuple[list[BaseException], list[tuple[int, int]]]:
         """The chunks' rows written; the errors to raise, and (under fill/skip) the
         ranges that were in flight when a worker died."""
+        # loky is imported on first use: a program (prep run) that never picks joblib
+        # does not pay for it at start-up
+        from loky.process_executor import TerminatedWorkerError
+
         pool = self._started(job)
         futures = {
             pool.submit(_worker.run_chunk, job.fn, job.rows.take(a, b), a, b, job.policy): (a, b)
@@ -113,6 +114,8 @@ class JoblibExecutor(Executor):
         """The pool, its workers up. The timeout is for the rows, not for starting the
         workers (seconds with torch): the clock restarts once they have all answered."""
         if self._pool is None:
+            import loky
+
             threads = threads_per_worker(self.workers)
             self._pool = loky.ProcessPoolExecutor(
                 max_workers=self.workers,

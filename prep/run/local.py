@@ -42,7 +42,7 @@ from ..executors._spawn import fork_is_safe, server_running, start_costs, warm_u
 from ..executors._ticket import Ticket
 from ..pool import Pool
 from .config import RunConfig
-from .plan import ShardFigures, ShardPlan, decide, measure
+from .plan import Forms, ShardFigures, ShardPlan, decide, measure
 from .shards import find_shards, load_shard
 from .task import (
     IN_WORKER,
@@ -210,10 +210,11 @@ def plan_run(
         return ShardPlan("shards", workers, threads, form, {}, f"{why} (--parallel shards)")
     if start is None:
         start = 0.0 if fork_is_safe() else (start_costs().server or _SERVER_GUESS)
-    figures = first_shard_figures(todo[0], config, workers, len(todo), start)
-    if figures is None:
+    measured = first_shard_figures(todo[0], config, workers, len(todo), start)
+    if measured is None:
         return _unmeasured(len(todo), workers, _form(config))
-    return decide(figures)
+    figures, forms = measured
+    return dataclasses.replace(decide(figures), details=forms.lines(threads))
 
 
 def check_parallel(config: RunConfig, parallel: str) -> None:
@@ -235,13 +236,13 @@ def explain_run(inputs: Sequence[Any], config: RunConfig, parallel: str = "auto"
     shards = find_shards(inputs)
     tasks = [ShardTask(s, Path("."), config) for s in shards]
     plan = plan_run(config, tasks, parallel)
-    lines = [plan.sentence(), threads_line(plan)]
+    lines = [plan.sentence(), threads_line(plan), *plan.details]
+    lines += [f"{shards[0].path}:", f"row options: {config.row_flags()}"]
     if plan.mode == "rows" and config.executor == "auto":
-        first, why = explain_first_shard(inputs, config)
-        lines += [f"{first}:", f"row options: {config.row_flags()}", str(why)]
+        lines.append(str(explain_first_shard(inputs, config)[1]))
     else:
         where = "in each worker" if plan.mode == "shards" else "in this process"
-        lines += [f"rows {where}: {plan.form}", f"row options: {config.row_flags()}"]
+        lines.append(f"rows {where}: {plan.form}")
     return "\n".join(lines)
 
 
@@ -293,9 +294,9 @@ def _unmeasured(shards: int, workers: int, form: str) -> ShardPlan:
 
 def first_shard_figures(
     task: ShardTask, config: RunConfig, workers: int, shards: int, shard_start: float
-) -> ShardFigures | None:
-    """:class:`ShardFigures` from the first shard, read and computed on here (a few rows);
-    None if it cannot be (its own run will say why)."""
+) -> tuple[ShardFigures, Forms] | None:
+    """:class:`ShardFigures` from the first shard, read and computed on here (a few rows),
+    with what each form measured; None if it cannot be (its own run will say why)."""
     try:
         t = time.perf_counter()
         tensors = load_shard(task.source.path, trust_pickle=config.trust_pickle)
@@ -307,7 +308,10 @@ def first_shard_figures(
         setup = config.setup_fn()
         if setup is not None:
             fn = functools.partial(fn, state=setup())
-        options = {k: v for k, v in config.row_options().items() if k in ("pad", "pad_to")}
+        # the rows' options, but only the output: a row failing under fill/skip is filled
+        # or left out as in the run, and the forms are compared on what they computed
+        keep = ("pad", "pad_to", "on_error", "fill")
+        options = {k: v for k, v in config.row_options().items() if k in keep}
 
         def run(executor: str, k: int) -> Any:
             return map_rows(fn, _head(batch, k), executor=executor, workers=1, **options)
@@ -322,7 +326,7 @@ def first_shard_figures(
     # executor may be one (it starts prep's forkserver, unless it is up)
     server = 0.0 if server_running() else (start_costs().server or _SERVER_GUESS)
     form = forms.best_one()
-    return ShardFigures(
+    figures = ShardFigures(
         shards=shards,
         rows=n,
         workers=workers,
@@ -333,6 +337,7 @@ def first_shard_figures(
         pool_start=server if config.executor == "auto" else math.inf,
         form=form,
     )
+    return figures, forms
 
 
 def _head(batch: Any, k: int) -> Any:

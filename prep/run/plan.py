@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,7 @@ class ShardPlan:
     form: str  # the executor a whole-shard worker runs its rows with
     predicted: dict[str, float]  # seconds for the run's shards, each way
     reason: str
+    details: tuple[str, ...] = ()  # what was measured, for --explain
 
     def sentence(self) -> str:
         """One sentence: what the run does, and why."""
@@ -132,6 +134,16 @@ class Forms:
         """The form a worker process with one worker's threads runs fastest."""
         return min(self.one, key=self.one.__getitem__)
 
+    def lines(self, threads: int) -> tuple[str, ...]:
+        """What was measured, a line a form, for ``--explain``."""
+        found = [
+            f"  {name}: {self.one[name] * 1e6:,.1f} us/row on {threads} thread(s), "
+            f"{self.every[name] * 1e6:,.1f} us/row on {torch.get_num_threads()}"
+            for name in self.one
+        ]
+        found += [f"  {name}: not used ({why})" for name, why in self.dropped.items()]
+        return ("measured on the first shard:", *found)
+
 
 def measure(
     run: Callable[[str, int], Any], rows: int, workers: int, names: tuple[str, ...]
@@ -144,6 +156,16 @@ def measure(
     before = torch.get_num_threads()
     one_thread = threads_per_worker(workers)
     forms = Forms({}, {}, {})
+    with warnings.catch_warnings():
+        # rows that fail under on_error fill/skip are the run's to report, not these
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _measure(run, rows, one_thread, before, names, forms)
+
+
+def _measure(
+    run: Callable[[str, int], Any], rows: int, one_thread: int, before: int,
+    names: tuple[str, ...], forms: Forms,
+) -> Forms:  # fmt: skip
     try:
         torch.set_num_threads(one_thread)
         run("serial", min(rows, _WARM_ROWS))
