@@ -55,6 +55,8 @@ ROW_POOL_EFFICIENCY = 0.8
 #: seconds of serial rows measured per thread setting (about)
 _BUDGET = 0.05
 _WARM_ROWS = 2
+#: a batched form this many times slower than serial on its first rows is dropped there
+_SLOWER = 2.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,8 @@ def _measure(
         reference = None
         for name in names:
             try:
+                if name != "serial" and _slower(run, name, rows, one_thread, forms):
+                    continue
                 for threads, table in ((one_thread, forms.one), (before, forms.every)):
                     torch.set_num_threads(threads)
                     if name != "serial":
@@ -197,3 +201,23 @@ def _measure(
     finally:
         torch.set_num_threads(before)
     return forms
+
+
+def _slower(
+    run: Callable[[str, int], Any], name: str, rows: int, threads: int, forms: Forms
+) -> bool:
+    """Whether form ``name`` is already clearly slower than serial on a couple of rows
+    (then it is not measured on more: vmap of a heavy row can cost several times the
+    row, and the measuring is the run's time). Raises what the form raises."""
+    torch.set_num_threads(threads)
+    n = min(rows, _WARM_ROWS)
+    run(name, n)  # its first call: tracing, a cold thread pool
+    t = time.perf_counter()
+    run(name, n)
+    per_row = (time.perf_counter() - t) / n
+    if per_row <= _SLOWER * forms.one["serial"]:
+        return False
+    forms.dropped[name] = (
+        f"{per_row * 1e6:,.1f} us/row on {n} rows, over {_SLOWER:g}x serial's: not measured further"
+    )
+    return True
