@@ -11,7 +11,8 @@ The decision is :func:`decide`'s, from a :class:`ShardFigures` alone (the tests 
 figures of their own): the time each way would take for the shards still to do,
 counting each start-up once for the run. Whole shards win whenever there are
 enough of them to keep every worker busy, since each worker then runs rows as
-the plain loop does, with no dispatch and no lock between them; rows win when
+the plain loop does, with no dispatch and no lock between them (so rows must be
+predicted ``ROWS_MARGIN`` faster to be chosen); rows win when
 there are too few shards for the workers (one shard, or three on two workers
 where torch's own threads already use both cores), or when worker processes
 cannot be had (a CUDA device, inside a daemon process).
@@ -39,6 +40,7 @@ from ..executors import available_cores, threads_per_worker
 
 __all__ = [
     "PARALLEL",
+    "ROWS_MARGIN",
     "ROW_POOL_EFFICIENCY",
     "Forms",
     "ShardFigures",
@@ -49,11 +51,15 @@ __all__ = [
 
 #: what ``--parallel`` accepts
 PARALLEL = ("auto", "shards", "rows")
+#: rows spread out must be predicted this much faster than whole shards to be chosen: a
+#: shard's rows in this process pay what whole shards do not (auto's calibration and
+#: trials, the row executor's dispatch, a load that overlaps the compute only in part)
+ROWS_MARGIN = 1.2
 #: the share of W cores a row-level process pool turns into speed on one shard (its
 #: dispatch, the rows' transport and the merge cost the rest; bench_core measures it)
 ROW_POOL_EFFICIENCY = 0.8
 #: seconds of serial rows measured per thread setting (about)
-_BUDGET = 0.05
+_BUDGET = 0.03
 _WARM_ROWS = 2
 #: a batched form this many times slower than serial on its first rows is dropped there
 _SLOWER = 2.0
@@ -102,7 +108,7 @@ def decide(f: ShardFigures, cores: int | None = None) -> ShardPlan:
     pool = f.pool_start + f.shards * max(pooled, io)
     rows = min(here, pool)
     predicted = {"shards": shards, "rows": rows}
-    if f.workers > 1 and shards < rows:
+    if f.workers > 1 and f.shards > 1 and shards <= rows * ROWS_MARGIN:
         reason = (
             f"{f.shards} shard(s) on {f.workers} worker processes, a whole shard each, "
             f"rows {f.form}, {threads} thread(s) each, are predicted to take {shards:.2f} s "
@@ -111,7 +117,7 @@ def decide(f: ShardFigures, cores: int | None = None) -> ShardPlan:
         return ShardPlan("shards", f.workers, threads, f.form, predicted, reason)
     if f.workers <= 1:
         why = "one worker process would run a shard no faster than this process"
-    elif f.shards < f.workers:
+    elif f.shards <= 1 or f.shards < f.workers:
         why = f"{f.shards} shard(s) cannot keep {f.workers} worker processes busy"
     else:
         why = "torch's own threads (or a row pool) run a shard's rows as fast"
