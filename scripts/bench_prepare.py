@@ -31,7 +31,8 @@ was just written). Every output is checked equal (``torch.equal``, dtype and sha
 the plain loop's, computed once in this process before the race, each contender's read
 back with its own reader; one that differs is marked WRONG and never counted, one that
 exits non-zero (or runs past ``--timeout``) is marked failed with its error's line. All
-get ``TMPDIR`` and ``HF_HOME`` inside the temporary folder; ``prep`` runs with
+get ``TMPDIR`` and ``HF_HOME`` inside the temporary folder; prep's own bytecode is
+compiled first (``compileall``), as an installed package ships it; ``prep`` runs with
 ``PREP_WISDOM=off`` (every run a first run) unless ``--wisdom kept``. The folder is
 removed at the end, also after an error, Ctrl-C or SIGTERM.
 
@@ -49,6 +50,7 @@ the loop.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import platform
 import shutil
@@ -499,6 +501,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = Path(tempfile.mkdtemp(prefix="prep-bench-prepare-", dir="/tmp"))
     try:
+        # prep's bytecode, as an installed package has it (pip compiles at install; an
+        # editable install writes it on first import unless PYTHONDONTWRITEBYTECODE is set,
+        # as on the development machine): else every `prep run` compiles prep's source
+        import prep
+
+        compileall.compile_dir(Path(prep.__file__).parent, quiet=1)
         shutil.copy(HERE / "prepare_jobs.py", root / "prepare_jobs.py")
         for name, text in SCRIPTS.items():
             (root / f"{slug(name)}.py").write_text(textwrap.dedent(text).lstrip())
