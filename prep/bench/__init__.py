@@ -40,6 +40,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
 
+
 __all__ = [
     "WORKLOADS",
     "Cell",
