@@ -125,6 +125,7 @@ class ShardBackend:
         self._lock = threading.Lock()
         self._flying: dict[Ticket, tuple[ShardTask, queue.SimpleQueue[Any]]] = {}
         self._stop = threading.Event()
+        self._work = threading.Event()  # set while shards are in flight
         self._collector: threading.Thread | None = None
 
     def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
@@ -133,6 +134,7 @@ class ShardBackend:
         ticket = self._pool.submit_call(self._key, (sent,), f"the shard {task.source.path}")
         with self._lock:
             self._flying[ticket] = (task, done)
+            self._work.set()
         if self._collector is None:  # started after the workers were forked, never before
             self._collector = threading.Thread(
                 target=self._collect, name="prep-shard-collector", daemon=True
@@ -141,6 +143,11 @@ class ShardBackend:
 
     def _collect(self) -> None:
         while not self._stop.is_set():
+            with self._lock:
+                if not self._flying:
+                    self._work.clear()
+            if not self._work.wait(0.1):  # nothing in flight: no reply to wait for
+                continue
             self._pool.pump_any(0.1)
             with self._lock:
                 landed = [t for t in self._flying if t.done()]
