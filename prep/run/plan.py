@@ -184,12 +184,11 @@ def _measure(
         reference = None
         for name in names:
             try:
-                if name != "serial" and _slower(run, name, rows, one_thread, forms):
+                if name != "serial" and _slower(run, name, rows, k, one_thread, forms):
                     continue
                 for threads, table in ((one_thread, forms.one), (before, forms.every)):
                     torch.set_num_threads(threads)
-                    if name != "serial":
-                        run(name, min(rows, _WARM_ROWS))
+                    run(name, min(rows, _WARM_ROWS))  # warm at this setting: a cold pool
                     t = time.perf_counter()
                     result = run(name, k)
                     table[name] = (time.perf_counter() - t) / k
@@ -210,20 +209,23 @@ def _measure(
 
 
 def _slower(
-    run: Callable[[str, int], Any], name: str, rows: int, threads: int, forms: Forms
+    run: Callable[[str, int], Any], name: str, rows: int, k: int, threads: int, forms: Forms
 ) -> bool:
-    """Whether form ``name`` is already clearly slower than serial on a couple of rows
-    (then it is not measured on more: vmap of a heavy row can cost several times the
-    row, and the measuring is the run's time). Raises what the form raises."""
+    """Whether form ``name`` takes longer on a couple of rows than ``_SLOWER`` times what
+    serial takes on all ``k`` measured rows: a batched call costs at least as much on
+    more rows, so it is dropped without being timed on them (vmap of a heavy row can
+    cost several times the row, and the measuring is the run's time). Judged on the
+    whole call, not per row: a batched form's fixed cost per call is spread over many
+    rows in a shard. Raises what the form raises."""
     torch.set_num_threads(threads)
     n = min(rows, _WARM_ROWS)
     run(name, n)  # its first call: tracing, a cold thread pool
     t = time.perf_counter()
     run(name, n)
-    per_row = (time.perf_counter() - t) / n
-    if per_row <= _SLOWER * forms.one["serial"]:
+    took = time.perf_counter() - t
+    if took <= _SLOWER * forms.one["serial"] * k:
         return False
     forms.dropped[name] = (
-        f"{per_row * 1e6:,.1f} us/row on {n} rows, over {_SLOWER:g}x serial's: not measured further"
+        f"{took * 1e3:,.1f} ms on {n} rows, over {_SLOWER:g}x serial's on {k}: not measured further"
     )
     return True
