@@ -27,6 +27,7 @@ The figures are rates in rows per second, each the median over a few batches:
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +174,7 @@ def choose_among(figures: dict[str, StrategyFigures], margin: float = MARGIN) ->
 
 
 def _median(values: list[float]) -> float | None:
-    return _middle(list(values)) if values else None
+    return statistics.median(values) if values else None
 
 
 def together(spans: list[tuple[float, float, int]], workers: int) -> float | None:
@@ -190,7 +191,7 @@ def together(spans: list[tuple[float, float, int]], workers: int) -> float | Non
         if len(running) >= workers:
             seconds += b - a
             rows += sum(running) * (b - a)
-    if seconds <= 0 or seconds < 0.5 * _middle([e - s for s, e, _ in spans]):
+    if seconds <= 0 or seconds < 0.5 * statistics.median(e - s for s, e, _ in spans):
         return None
     return rows / seconds
 
@@ -370,10 +371,3 @@ class StrategyPlan:
         return (
             f"stream: strategy='auto' chose {self.choice.strategy}{streams}: {self.choice.reason}"
         )
-
-
-def _middle(values: list[float]) -> float:
-    # statistics imports decimal and fractions (a tenth of a second): one sort will do
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

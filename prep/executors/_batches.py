@@ -153,14 +153,14 @@ class ProcessBatches:
 
     name = "processes"
 
-    def __init__(self, workers: int, *, fork: bool = False, threads: int | None = None) -> None:
-        """``workers`` processes, each with ``threads`` intra-op threads (default: the
-        cores shared out). ``fork``: start them by forking this process while that is
+    def __init__(self, workers: int, *, fork: bool = False) -> None:
+        """``workers`` processes, each with the cores shared out as torch's intra-op
+        threads. ``fork``: start them by forking this process while that is
         safe (:func:`_spawn.fork_is_safe`), so that they hold what it has imported and
         start in milliseconds; else, and for any worker started later when it is not,
         from prep's forkserver."""
         self.workers = workers
-        self.threads = threads or threads_per_worker(workers)
+        self.threads = threads_per_worker(workers)
         self._fork = fork
         self._lanes: list[_Lane] = []
         self._lock = threading.RLock()  # the lanes and their pipes: one reader at a time

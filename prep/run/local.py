@@ -51,6 +51,7 @@ from .task import (
     run_shard,
     run_shard_on_worker,
     shard_batch,
+    worker_form,
 )
 from .temps import Temps
 
@@ -212,14 +213,14 @@ def plan_run(
         reason += f"({why or '--parallel rows'})"
         return ShardPlan("rows", workers, threads, config.executor, {}, reason)
     if parallel == "shards":
-        form = _form(config)
+        form = worker_form(config.executor)
         why = f"whole shards on {workers} worker processes, rows {form}, {threads} thread(s) each"
         return ShardPlan("shards", workers, threads, form, {}, f"{why} (--parallel shards)")
     if start is None:
         start = 0.0 if fork_is_safe() else (start_costs().server or _SERVER_GUESS)
     measured = first_shard_figures(todo[0], config, workers, len(todo), start)
     if measured is None:
-        return _unmeasured(len(todo), workers, _form(config))
+        return _unmeasured(len(todo), workers, worker_form(config.executor))
     figures, forms = measured
     return dataclasses.replace(decide(figures), details=forms.lines(threads))
 
@@ -265,11 +266,6 @@ def threads_line(plan: ShardPlan) -> str:
         f"torch threads: this process keeps its own ({torch.get_num_threads()}) for the rows; "
         f"a row executor's worker processes get {plan.threads} each (cores / workers)"
     )
-
-
-def _form(config: RunConfig) -> str:
-    """What a whole-shard worker runs rows with when nothing was measured."""
-    return config.executor if config.executor in IN_WORKER else "serial"
 
 
 def _rows_only(config: RunConfig, workers: int, shards: int, parallel: str) -> str | None:

@@ -36,7 +36,14 @@ from .rows import failed_rows, with_lengths
 from .shards import ShardFile, find_shards, load_shard, save_shard
 from .temps import Temps
 
-__all__ = ["IN_WORKER", "ShardTask", "explain_first_shard", "run_shard", "run_shard_on_worker"]
+__all__ = [
+    "IN_WORKER",
+    "ShardTask",
+    "explain_first_shard",
+    "run_shard",
+    "run_shard_on_worker",
+    "worker_form",
+]
 
 #: executors a shard worker may run its rows with: those that need no process of their
 #: own (auto runs serial there, the reference, so that no worker calibrates on its own)
@@ -146,6 +153,12 @@ def run_shard(
     }
 
 
+def worker_form(executor: str) -> str:
+    """What a whole-shard worker runs rows with for ``executor``, where nothing was
+    measured: the executor itself if it needs no process of its own, else serial."""
+    return executor if executor in IN_WORKER else "serial"
+
+
 #: the Pool of each (executor, setup) in this worker process: setup= runs once a worker
 _worker_pools: dict[tuple[str, str | None], Pool] = {}
 
@@ -155,7 +168,7 @@ def run_shard_on_worker(task: ShardTask) -> dict[str, Any]:
     rows run with the config's executor if it needs no process of its own (serial for
     auto), on this worker's share of the cores, and ``--setup`` once per worker."""
     config = task.config
-    executor = config.executor if config.executor in IN_WORKER else "serial"
+    executor = worker_form(config.executor)
     key = (executor, config.setup)
     pool = _worker_pools.get(key)
     if pool is None:
