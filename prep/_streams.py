@@ -44,15 +44,18 @@ Whole = ProcessBatches | ThreadBatches
 class Streams:
     """One pool's: ``workers`` each, whole-batch workers made on first use."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, executors: Callable[[str], Executor]) -> None:
         self.workers = workers
+        self._executors = executors
         self._whole: Kept[Whole] = Kept(lambda flavour: WHOLE[flavour](workers))
         self._kept: dict[Any, StrategyPlan] = {}
         self._latest: list[StrategyPlan] = []
         self._lock = threading.Lock()
 
     def whole_workers(self, flavour: str) -> Whole:
-        return self._whole.get(flavour)
+        """The pool's workers of ``flavour``: its executor's own, where it has them."""
+        engine = self._executors(flavour).engine
+        return engine if engine is not None else self._whole.get(flavour)
 
     def plan(
         self, strategy: str, key: Any, flavours: tuple[str, ...] = ("processes",)

@@ -23,6 +23,7 @@ from ._rows import Rows, SampleRows, rows_of
 from ._strategy import StrategyPlan
 from .errors import WorkerCrashed
 from .executors import Executor, Job
+from .executors._base import split
 from .executors._ticket import Ticket
 
 __all__ = ["Delivery", "Submitter", "policy_of"]
@@ -186,9 +187,8 @@ class Submitter:
         delivered = self.delivered_parts
         workers = sender.workers
         into = delivered.output_for(rows, self.policy) if guess else None
-        tickets = workers.submit_parts(
-            sender.key, rows, self.policy, self.timeout, workers.workers, into
-        )
+        bounds = split(0, len(rows), workers.workers)
+        tickets = workers.submit_parts(sender.key, rows, self.policy, self.timeout, bounds, into)
         finish = lambda tickets: self._finish(delivered.take(tickets), rows)  # noqa: E731
         return PartsDelivery(tickets, finish, self.plan)
 

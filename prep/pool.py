@@ -90,7 +90,7 @@ class Pool:
         self._defaults = defaults  # each call's, beside its own options
         self.device, self.timeout = defaults.device, defaults.timeout
         self.progress = defaults.progress
-        self._streams = Streams(self.workers)  # whole-batch workers, auto's stream plans
+        self._streams = Streams(self.workers, self._get)  # auto's stream plans
         self._closed = False
         self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
 

@@ -133,7 +133,7 @@ def test_each_worker_gets_one_part_of_a_batch_and_the_loan_comes_back(no_leaks):
     try:
         key = workers.prepare(rowfns.affine)
         rows = rows_of(wide_batch(0, rows=512))  # its column is lent from the ring
-        tickets = workers.submit_parts(key, rows, policy_of({}), None, 2)
+        tickets = workers.submit_parts(key, rows, policy_of({}), None, [(0, 256), (256, 512)])
         assert [t.part for t in tickets] == [(0, 256), (256, 512)]
         assert tickets[0].lane is not tickets[1].lane
         assert not workers._ring._idle  # lent, until every part is settled
@@ -158,7 +158,7 @@ def test_a_part_in_place_writes_the_batchs_own_output(no_leaks):
         b = wide_batch(0, rows=64)
         into = Output.allocate(b[0], 64, shared=True)
         fn = functools.partial(workers.submit_parts, key, rows_of(b), policy_of({}), None)
-        tickets = fn(2, into)
+        tickets = fn([(0, 32), (32, 64)], into)
         for t in tickets:
             assert t.result() == (None, {}) and t.reply[0] == "done"
         assert torch.equal(into.buffers[0], b * 2 + 1)
@@ -207,7 +207,8 @@ def test_threads_take_parts_from_one_queue_and_build_them_as_processes_do():
     workers = ThreadBatches(2)
     try:
         b = wide_batch(0, rows=64)
-        tickets = workers.submit_parts(rowfns.affine, rows_of(b), policy_of({}), None, 2)
+        halves = [(0, 32), (32, 64)]
+        tickets = workers.submit_parts(rowfns.affine, rows_of(b), policy_of({}), None, halves)
         for t in tickets:
             out, errors = t.result()
             start, stop = t.part

@@ -270,6 +270,10 @@ class Executor(ABC):
     def __init__(self, workers: int | None = None) -> None:
         self.workers = resolve_workers(workers)
 
+    #: its workers as units take them (``submit(unit) -> Ticket``): the one pool a
+    #: Pool's batches, streams and shards run on; None for an executor without workers
+    engine: Any = None
+
     @abstractmethod
     def run(self, job: Job) -> Output | None:
         """Fill rows ``job.start:`` of ``job.sink.output`` (allocating it if None) and return

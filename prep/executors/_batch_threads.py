@@ -20,7 +20,7 @@ from typing import Any
 from .._output import Output
 from .._policy import Policy
 from .._rows import Rows
-from ._base import Job, split, threads_per_worker
+from ._base import Job, threads_per_worker
 from ._daemons import DaemonThreads, own_intra_op_threads
 from ._ticket import Ticket, value_of
 from ._worker import run_chunk, write_rows
@@ -117,17 +117,14 @@ class ThreadBatches(DaemonThreads[Ticket]):
         rows: Rows,
         policy: Policy,
         timeout: float | None,
-        parts: int,
+        bounds: list[tuple[int, int]],
         into: Output | None = None,
     ) -> list[Ticket]:
-        """The batch cut into ``parts`` row ranges, a ticket each, on the one queue: a
-        thread that finishes its part takes the next one at once, of this batch or the
-        next (no barrier). Each is built as a worker process builds a part
+        """Rows ``bounds`` of the batch, a ticket each, on the one queue: a thread that
+        finishes its part takes the next one at once, of this batch or the next (no
+        barrier). Each is built as a worker process builds a part
         (``ProcessBatches.submit_parts``)."""
-        tickets = [
-            Ticket.part_of(self, key, rows, rows, b, policy, timeout)
-            for b in split(0, len(rows), parts)
-        ]
+        tickets = [Ticket.part_of(self, key, rows, rows, b, policy, timeout) for b in bounds]
         self._ensure_started()
         for ticket in tickets:
             ticket.fn, ticket.into = key, into

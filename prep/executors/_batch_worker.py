@@ -97,6 +97,8 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
         if fn is None or isinstance(fn, BaseException):
             why = fn if fn is not None else LookupError(f"no function {msg[2]!r} was sent")
             reply: tuple[Any, ...] = ("whole", msg[1], 0.0, 0.0, _error(-1, why, "load-error"))
+        elif msg[0] == "load":  # ("load", seq, key): is the function there?
+            reply = ("whole", msg[1], 0.0, 0.0, ("loaded",))
         elif msg[0] == "call":
             reply = run_call(fn, msg)
         else:

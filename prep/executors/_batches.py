@@ -52,7 +52,7 @@ from .._policy import Policy
 from .._rows import Rows
 from ..errors import ConfigError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn
-from ._base import split, threads_per_worker
+from ._base import threads_per_worker
 from ._handles import Worker
 from ._ring import Ring
 from ._ticket import Ticket, value_of
@@ -65,9 +65,9 @@ def _check_on_cpu(rows: Rows) -> None:
     for c in getattr(rows, "columns", ()):
         if c.device.type != "cpu":
             raise ConfigError(
-                f"a stream's batches on processes got a tensor on {c.device}; workers never "
-                f"touch CUDA, so pass CPU tensors (and device= for the result), or use "
-                f"executor='threads'"
+                f"executor='processes' got a tensor on {c.device}; workers never touch "
+                f"CUDA, so pass CPU tensors (and device= for the result), or use "
+                f"executor='threads' or 'vectorized' for a batch already on the GPU"
             )
 
 
@@ -77,12 +77,13 @@ class _Lane:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.tickets: deque[Ticket] = deque()
-        self.keys: set[str] = set()  # the row functions it holds
+        # the row functions it holds, oldest first: it keeps the last KEEP, as this does
+        self.keys: dict[str, None] = {}
 
     def replace(self, worker: Worker) -> list[Ticket]:
         """``worker`` in the old one's place; the tickets the old one held, oldest first."""
         self.worker.stop()
-        tickets, self.tickets, self.keys = list(self.tickets), deque(), set()
+        tickets, self.tickets, self.keys = list(self.tickets), deque(), {}
         self.worker = worker
         return tickets
 
@@ -92,10 +93,14 @@ class _Lane:
         key, conn = ticket.key, self.worker.conn
         if key not in self.keys:
             _fdpipe.send(conn, ("fn", key, blob(key)))
-            self.keys.add(key)
+            self.keys[key] = None
+            while len(self.keys) > _batch_worker.KEEP:  # the worker forgets its oldest
+                del self.keys[next(iter(self.keys))]
         ticket.lane, ticket.seq = self, seq
-        if ticket.args is not None:
+        if ticket.kind == "call":
             _fdpipe.send(conn, ("call", seq, key, ticket.args))
+        elif ticket.kind == "load":
+            _fdpipe.send(conn, ("load", seq, key))
         else:
             rows = ticket.wire if ticket.wire is not None else ticket.rows
             _fdpipe.send(conn, ("whole", seq, key, rows, ticket.policy, ticket.into))
@@ -123,9 +128,13 @@ class _Lane:
         return min(lanes, key=_Lane.load)
 
 
+#: row functions the parent keeps pickled, the latest used (a worker keeps fewer, and is
+#: sent one again when it needs it: a stream's function must not go while it runs)
+FUNCTIONS = 64
+
+
 class _Functions:
-    """The row functions the workers are sent, pickled once each, by key (the last
-    few: a worker keeps as many)."""
+    """The row functions the workers are sent, pickled once each, by key."""
 
     def __init__(self) -> None:
         self._by_key: dict[str, tuple[Any, bytes]] = {}
@@ -136,7 +145,8 @@ class _Functions:
         blob = pickle_fn(fn)
         key = hashlib.sha1(blob).hexdigest()
         self._by_key[key] = (fn, blob)
-        while len(self._by_key) > _batch_worker.KEEP:
+        self._by_key[key] = self._by_key.pop(key)  # the newest last
+        while len(self._by_key) > FUNCTIONS:
             del self._by_key[next(iter(self._by_key))]
         return key
 
@@ -162,6 +172,7 @@ class ProcessBatches:
         self.workers = workers
         self.threads = threads_per_worker(workers)
         self._fork = fork
+        self._closed = False  # close() ran: a worker lost now is not replaced
         self._lanes: list[_Lane] = []
         self._lock = threading.RLock()  # the lanes and their pipes: one reader at a time
         self._seq = itertools.count()
@@ -184,6 +195,7 @@ class ProcessBatches:
             self._ensure_started()
 
     def _ensure_started(self) -> None:
+        self._closed = False  # a submit after close() starts the pool afresh
         if len(self._lanes) < self.workers:
             while len(self._lanes) < self.workers:
                 self._lanes.append(_Lane(self._new_worker()))
@@ -195,10 +207,17 @@ class ProcessBatches:
     def pids(self) -> list[int]:
         return [lane.worker.proc.pid for lane in self._lanes if lane.worker.proc.pid]
 
+    @property
+    def started(self) -> bool:
+        """Whether every worker is up (started, not necessarily ready)."""
+        lanes = self._lanes
+        return len(lanes) == self.workers and all(x.worker.proc.is_alive() for x in lanes)
+
     def close(self, now: bool = False) -> None:
         """Stop every worker (asked first, terminated if it does not listen; ``now``:
         terminated at once, mid-unit); their tickets fail. It is safe to call this
         several times."""
+        self._closed = True  # another thread's wait that sees a worker end replaces none
         polite = self._lock.acquire(timeout=1.0)
         try:
             lanes, self._lanes = self._lanes, []
@@ -250,17 +269,17 @@ class ProcessBatches:
         rows: Rows,
         policy: Policy,
         timeout: float | None,
-        parts: int,
+        bounds: list[tuple[int, int]],
         into: Output | None = None,
     ) -> list[Ticket]:
-        """The batch cut into ``parts`` row ranges, a ticket each, one per worker (which
-        takes its tickets in order: one that finishes its part of this batch starts its
-        part of the next at once, no barrier). Each replies with its rows as a chunk
-        of the batch (``Ticket.reply``, in batch row numbers), or, given ``into`` (the
-        batch's output, shared), writes them there and replies "done". The tensors
-        travel once, in one loan from the ring; each part has the batch's ``timeout``."""
+        """Rows ``bounds`` of the batch (ranges in batch row numbers, ``split``'s), a ticket
+        each, dealt to the workers in turn, the first to the freest: a worker takes its
+        tickets in order, so one that finishes its part of this batch starts its part of
+        the next at once, no barrier. Each replies with its rows as a chunk of the batch
+        (``Ticket.reply``, in batch row numbers), or, given ``into`` (the batch's output,
+        shared), writes them there and replies "done". The tensors travel once, in one
+        loan from the ring; each part has the batch's ``timeout``."""
         _check_on_cpu(rows)
-        bounds = split(0, len(rows), parts)
         wire, loan = self._ring.loan(rows, len(bounds))
         tickets = [Ticket.part_of(self, key, rows, wire, b, policy, timeout) for b in bounds]
         for ticket in tickets:
@@ -268,12 +287,39 @@ class ProcessBatches:
         with self._lock:
             self._ensure_started()
             self._read_ready()
-            # a part for each worker, the first for the freest: every worker has one part
-            # of each batch, so none runs out of work while another holds two of them
+            # parts dealt in turn, the first to the freest: every worker has one part of
+            # each batch, so none runs out of work while another holds two of them
             lanes = sorted(self._lanes, key=_Lane.load)
             for lane, ticket in zip(itertools.cycle(lanes), tickets):
                 self._send(lane, ticket)
         return tickets
+
+    def load(self, key: str, timeout: float) -> list[Ticket]:
+        """Every worker loads the function under ``key`` (:meth:`prepare`): a ticket each,
+        done once it holds it (its error: why it could not load it)."""
+        with self._lock:
+            self._ensure_started()
+            tickets = []
+            for lane in self._lanes:
+                ticket = Ticket.load(self, key, timeout)
+                self._send(lane, ticket)
+                tickets.append(ticket)
+        return tickets
+
+    def abandon(self, tickets: list[Ticket]) -> None:
+        """Nobody will wait for ``tickets`` (Ctrl-C in the caller): the workers that hold
+        one unfinished are replaced at once (what they run is left unfinished), their
+        other tickets go to the new ones."""
+        with self._lock:
+            for ticket in tickets:
+                ticket.cancel()
+            for lane in list(self._lanes):
+                if any(t.cancelled and not t.done() for t in lane.tickets):
+                    stale = lane.replace(self._new_worker())
+                    for t in stale:
+                        if t.cancelled:  # settled: its shared memory goes back to the ring
+                            t.resolve(error=WorkerCrashed("abandoned with this batch in flight"))
+                    self._resend(lane, stale)
 
     def submit_call(self, key: str, args: tuple[Any, ...], what: str) -> Ticket:
         """The function under ``key`` (:meth:`prepare`) called on ``args`` by the worker
@@ -391,12 +437,20 @@ class ProcessBatches:
         self._fail_head(lane, lambda head: head.worker_died(w.proc.pid, how, w.proc.exitcode))
 
     def _timed_out(self, lane: _Lane) -> None:
-        what_now = "its worker was terminated; a new one takes its place for the next batches"
+        what_now = (
+            f"its worker (pid {lane.worker.proc.pid}) was terminated; a new one takes its "
+            f"place for the next batches"
+        )
         self._fail_head(lane, lambda head: head.timed_out(what_now))
 
     def _fail_head(self, lane: _Lane, error: Callable[[Ticket], BaseException]) -> None:
         """A new worker in the lane's: its oldest ticket fails with ``error(ticket)``, the
-        others go to the new worker."""
+        others go to the new worker (or fail with it, once the pool is closed)."""
+        if self._closed:
+            for t in lane.tickets:
+                t.resolve(error=error(t))
+            lane.tickets.clear()
+            return
         tickets = lane.replace(self._new_worker())
         if tickets:
             tickets[0].resolve(error=error(tickets[0]))

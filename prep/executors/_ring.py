@@ -18,6 +18,7 @@ import torch
 from .._output import shared_empty
 from .._rows import Rows, TensorRows
 from . import _fdpipe
+from ._transport import check_shm
 
 __all__ = ["Loan", "Ring"]
 
@@ -63,6 +64,7 @@ class Ring:
                 if buf.nbytes == nbytes:
                     self._idle.remove(buf)
                     return buf
+        check_shm(nbytes, "the batch")  # a clear error, not a bus error in a worker
         return shared_empty((nbytes,), torch.uint8)
 
     def give_back(self, bufs: list[torch.Tensor]) -> None:

@@ -25,6 +25,7 @@ class Ticket:
     def __init__(self, owner: Any, rows: Rows, policy: Policy, timeout: float | None) -> None:
         self.owner = owner
         self.rows, self.policy, self.timeout = rows, policy, timeout
+        self.limit = timeout  # the timeout as the caller gave it, for messages
         self.started: float | None = None  # when its worker could start it
         self.busy: float | None = None  # seconds its worker took
         # when its worker began and ended it, by time.monotonic (where not started..busy)
@@ -46,6 +47,7 @@ class Ticket:
         # and what it works on, for errors ("the shard data/a.pt"); None for rows
         self.args: tuple[Any, ...] | None = None
         self.what = ""
+        self.kind = "rows"  # "rows" (a batch or a part), "call", or "load" (the function alone)
         self._done = threading.Event()
         self._value: Value | None = None
         self._error: BaseException | None = None
@@ -73,7 +75,16 @@ class Ticket:
         """The function under ``key`` called once on ``args`` by a worker; its value is
         what the function returned (a shard's manifest entry), its error what it raised."""
         ticket = cls(owner, None, None, None)  # type: ignore[arg-type]  # no rows to build
-        ticket.key, ticket.args, ticket.what = key, args, what
+        ticket.key, ticket.args, ticket.what, ticket.kind = key, args, what, "call"
+        return ticket
+
+    @classmethod
+    def load(cls, owner: Any, key: str, timeout: float) -> Ticket:
+        """A worker loads the function under ``key`` (if it has not) and says so: ``prepare``
+        has every worker hold it before a batch, so that a function the workers cannot load
+        fails before any row runs."""
+        ticket = cls(owner, None, None, timeout)  # type: ignore[arg-type]  # no rows
+        ticket.key, ticket.what, ticket.kind = key, "loading the row function", "load"
         return ticket
 
     def done(self) -> bool:
@@ -143,7 +154,7 @@ class Ticket:
 
     def timed_out(self, what_now: str) -> BatchTimeout:
         return BatchTimeout(
-            f"{self.describe()} did not finish within timeout={self.timeout} s; {what_now}"
+            f"{self.describe()} did not finish within timeout={self.limit} s; {what_now}"
         )
 
 
@@ -159,6 +170,8 @@ def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Any, BaseException | None
         if not had_cause and isinstance(err, PrepError):
             err.__cause__ = None  # prep's whole verdict (a ShardError): no traceback to add
         return None, err
+    if tag == "loaded":  # a "load" unit: the worker holds the function
+        return (None, {}), None
     if tag == "done":  # a part written in place, into its ticket's ``into``
         return (None, {}), None
     if tag == "chunk":
@@ -172,10 +185,11 @@ def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Any, BaseException | None
     if tag == "load-error":
         _, _, name, text, tb, blob = reply
         err = FunctionLoadError(
-            f"a whole-batch worker could not load the row function {describe_fn(fn)} "
+            f"prep's worker processes could not load the row function {describe_fn(fn)} "
             f"({name}: {text}). Workers start from a fresh interpreter and never run your "
-            f"main script, so what the function needs by name must be importable there; "
-            f"or use executor='threads'"
+            f"main script, so what the function needs by name (its module, the modules it "
+            f"imports) must be importable there: install it, or keep it on sys.path; or "
+            f"use executor='threads'"
         )
         err.__cause__ = _worker.rebuild(blob, name, text, tb)
         return None, err

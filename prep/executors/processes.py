@@ -1,36 +1,40 @@
-"""Persistent worker processes that write rows straight into shared memory.
+"""``executor="processes"``: one batch cut into a part per worker, on the same worker
+processes that run a stream's batches and ``prep run``'s shards (``_batches``).
 
-    parent                                           worker k (forked by prep's forkserver)
-    ──────                                           ──────────────────────────────────────
-    fn, cloudpickled (once per change) ───── "fn" ──▶ loads it ── "loaded" / "error" ─▶ parent
-    batch columns ─copy once─▶ shared arena ┐
-    output buffers (shared) ────────────────┴─"batch" (fds, once)──▶ maps the same pages
-    row ranges (a few per worker) ───────── "run" (start, stop) ──▶ fn(row i) ─▶ out[i].copy_()
-    wait(conns + process sentinels, deadline) ◀── "done" / "error" ──┘
+    parent                                              worker k (prep's forkserver)
+    ──────                                              ────────────────────────────
+    fn, cloudpickled (once per function) ── "fn" ─────▶ loads it, keeps a few
+    the batch's tensors ─ shared memory (the ring) ─┐
+    rows a:b of the batch, a part per worker ───────┴─▶ fn(row i) for i in a:b
+    Ticket.result() for each part  ◀── "done" (written into the shared output) or a
+                                       chunk of its own (ragged rows, fill/skip), merged
 
-Only indices and short messages cross the pipes; the tensors are shared by
-file descriptor (torch's ``file_descriptor`` strategy: the /dev/shm entry is
-unlinked at once, so a crash cannot leak it). Input buffers are reused across
-batches of the same shapes, so a warm pool does not even re-send them.
+``map_rows`` is a stream of one batch: it submits the batch's parts and waits for
+their tickets, on the workers a stream keeps several batches in flight on. Once a
+function and row layout has shown its output's shape, the next batch's output is
+made here in shared memory and each worker writes its rows in place; before that,
+and where rows may differ in size or fail on their own (``pad=``, ``on_error=``),
+parts come back as chunks (in the message itself when small) and are merged
+(``_chunks``).
 
-Failures become errors, never hangs: a dead worker is seen through its
-sentinel (:class:`~prep.WorkerCrashed`), a deadline through ``wait``'s timeout
-(:class:`~prep.BatchTimeout`), Ctrl-C in the parent (workers ignore SIGINT).
-After any of these the pool kills its workers and starts fresh ones on the next
-call; a row that raises only costs the batch (:class:`~prep.RowError`).
-Workers are forked from prep's own forkserver (``_spawn``), which preloads
-torch, so they start in milliseconds, never inherit a CUDA context and never
-import or run the user's main script; each exits by itself when the parent
-disappears. The row function travels with cloudpickle: by name when the
-workers can import it, by value when they cannot (``__main__`` of a script,
-a notebook, ``python -c`` or stdin; lambdas, closures, local functions).
+Failures become errors, never hangs: a worker that dies fails its part
+(:class:`~prep.WorkerCrashed`) and a fresh one takes its place; under
+``on_error='fill'``/``'skip'`` its rows run again, each alone, on the same workers
+(``_isolation``), so the row that killed it fails alone. A part past the batch's
+deadline has its worker killed (:class:`~prep.BatchTimeout`); Ctrl-C in the caller
+replaces the workers that still hold its parts. A row that raises only costs the
+batch (:class:`~prep.RowError`, the lowest row's, as serial raises it).
+Workers are forked from prep's own forkserver (``_spawn``), which preloads torch,
+so they start in milliseconds, never inherit a CUDA context and never import or
+run the user's main script; each exits by itself when the parent disappears. The
+row function travels with cloudpickle: by name when the workers can import it, by
+value when they cannot (``__main__`` of a script, a notebook, ``python -c`` or
+stdin; lambdas, closures, local functions).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
 import time
 from typing import Any
 
@@ -46,36 +50,43 @@ from ..errors import (
     WorkerCrashed,
 )
 from . import _spawn, _worker
-from ._arena import Arena
-from ._base import Executor, Job, copy_rows, threads_per_worker
-from ._dispatch import Dispatch
-from ._handles import LOAD_TIMEOUT, Worker, load_everywhere
-from ._transport import check_shm, pickle_fn, shm_fits, shm_free
+from ._base import Executor, Job, copy_rows, first_error, split, threads_per_worker
+from ._batches import ProcessBatches
+from ._chunks import ChunkMerge
+from ._fdpipe import INLINE
+from ._isolation import Isolation
+from ._ticket import Ticket
+from ._transport import check_shm, describe_fn, pickle_fn, shm_fits, shm_free
 
 __all__ = ["LOAD_TIMEOUT", "ProcessExecutor", "pickle_fn", "shm_fits", "shm_free"]
 
 #: (function, layout) pairs whose output shape a pool remembers
 SHAPES = 16
+#: seconds a worker may take to load the row function (importing its modules)
+LOAD_TIMEOUT = 120.0
+#: parts per worker of a batch with a progress bar (else one: the fewest messages)
+PROGRESS_PARTS = 4
 
 
 class Shapes:
-    """The output shape of each (function, row layout) a pool ran last: a batch's
-    output is allocated before any row runs, sparing the round trip that runs row 0
-    alone to learn it."""
+    """The output shape of each (function, row layout) a pool ran last: the next batch's
+    output is made before any row runs, in shared memory, for the workers to write
+    their rows in place."""
 
     def __init__(self) -> None:
         self._last: dict[Any, Output] = {}  # key -> a 0-row output shaped like its last
 
-    def guess(self, job: Job, key: Any) -> bool:
-        """Allocate ``job``'s output as last batch's of ``key`` was; False if none is known."""
+    def guess(self, key: Any, n: int) -> Output | None:
+        """An output of ``n`` rows shaped as last batch's of ``key`` was; None where that is
+        unknown, or where each buffer is small enough to come back inside a message
+        (a copy, cheaper than a new shared segment)."""
         like = self._last.get(key)
         if like is None:
-            return False
-        row_bytes = sum(math.prod(b.shape[1:]) * b.element_size()
-                        for b in like.buffers)  # fmt: skip
-        check_shm(len(job.rows) * row_bytes, "the output")
-        job.sink.output = like.like(len(job.rows), shared=True)
-        return True
+            return None
+        if min(_sizes(like, n)) <= INLINE:
+            return None
+        check_shm(sum(_sizes(like, n)), "the output")
+        return like.like(n, shared=True)
 
     def keep(self, key: Any, out: Output) -> None:
         self._last[key] = out.like(0)
@@ -89,28 +100,17 @@ class ProcessExecutor(Executor):
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)
-        self._workers: list[Worker] = []
-        self._arena = Arena()
-        self._lock = threading.Lock()  # one batch at a time: the pipes carry one conversation
+        #: the workers: this executor's batches, and a stream's (``Executor.engine``)
+        self.batches = self.engine = ProcessBatches(self.workers)
         self._dispatch: float | None = None
         self._shapes = Shapes()
 
     # -------------------------------------------------------------- lifecycle
 
-    def _ensure_started(self) -> None:
-        if any(not w.proc.is_alive() for w in self._workers):
-            self._reset()  # one died while idle (killed, OOM): start all afresh
-        if len(self._workers) < self.workers:
-            _spawn.ensure_server()  # measures the server's start and a worker's, once
-            ctx = _spawn.context()
-            threads = threads_per_worker(self.workers)
-            while len(self._workers) < self.workers:
-                self._workers.append(Worker(ctx, threads))
-
     @property
     def started(self) -> bool:
         """Whether the workers are up (started, not necessarily ready)."""
-        return len(self._workers) == self.workers and all(w.proc.is_alive() for w in self._workers)
+        return self.batches.started
 
     def start_cost(self) -> float | None:
         """Seconds starting this pool would take now, from what was measured here:
@@ -153,11 +153,30 @@ class ProcessExecutor(Executor):
         """Start the workers if needed and have every one load ``fn``; the seconds that
         took. Raises :class:`~prep.errors.FunctionLoadError` if a worker cannot load
         it, :class:`~prep.errors.ExecutorUnavailable` if the workers cannot start."""
-        blob = pickle_fn(fn)
-        with self._lock:
-            t = time.perf_counter()
-            self._load(fn, blob, timeout)
-            return time.perf_counter() - t
+        key = self.batches.prepare(fn)
+        t = time.perf_counter()
+        limit = LOAD_TIMEOUT if timeout is None else max(0.0, timeout)
+        errors = []
+        for ticket in self.batches.load(key, limit):
+            try:
+                ticket.result()
+            except BatchTimeout:
+                errors.append(FunctionLoadError(
+                    f"executor='processes' workers did not load the row function "
+                    f"{describe_fn(fn)} within {limit:.1f} s (does importing what it needs "
+                    f"hang?); check that its modules import quickly in a fresh interpreter, "
+                    f"or use executor='threads'"
+                ))  # fmt: skip
+            except WorkerCrashed as exc:
+                errors.append(FunctionLoadError(
+                    f"a worker died while it loaded the row function {describe_fn(fn)} "
+                    f"({exc}); or use executor='threads'"
+                ))  # fmt: skip
+            except FunctionLoadError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        return time.perf_counter() - t
 
     def dispatch_cost(self) -> float:
         """Seconds a warm batch costs this pool beyond its rows (measured once, on a
@@ -173,105 +192,111 @@ class ProcessExecutor(Executor):
             self._dispatch = best
         return self._dispatch
 
-    def _reset(self) -> None:
-        """Kill every worker; the next call starts fresh ones."""
-        workers, self._workers = self._workers, []
-        self._arena.clear()
-        self._dispatch = None
-        for w in workers:
-            w.stop()
-
     def close(self) -> None:
-        # a batch running in another thread owns the pipes (prep run closes its pools on
-        # Ctrl-C): then the workers are terminated without a word, and that batch fails
-        polite = self._lock.acquire(timeout=1.0)
-        try:
-            if polite:
-                for w in self._workers:  # ask first; _reset terminates whoever does not listen
-                    with contextlib.suppress(OSError):
-                        w.conn.send(("close",))
-                for w in self._workers:
-                    w.proc.join(2)
-            self._reset()
-        finally:
-            if polite:
-                self._lock.release()
+        self._dispatch = None
+        self.batches.close()
 
     @property
     def pids(self) -> list[int]:
         """The worker processes' ids (empty until the first batch)."""
-        return [w.proc.pid for w in self._workers if w.proc.pid is not None]
-
-    # -------------------------------------------------------------- the function
-
-    def _load(self, fn: Any, blob: bytes, timeout: float | None) -> None:
-        self._ensure_started()
-        try:
-            load_everywhere(self._workers, fn, blob, timeout, stuck=self._reset)
-        except FunctionLoadError:
-            if any(not w.proc.is_alive() for w in self._workers):
-                self._reset()
-            raise
-
-    def _replace(self, dead: Worker, fn: Any) -> Worker:
-        """A new worker in a dead one's slot, holding the function it held."""
-        dead.stop()
-        fresh = Worker(_spawn.context(), threads_per_worker(self.workers))
-        self._workers[self._workers.index(dead)] = fresh
-        if dead.fn_blob is not None:
-            load_everywhere([fresh], fn, dead.fn_blob, LOAD_TIMEOUT, stuck=self._reset)
-        return fresh
+        return self.batches.pids
 
     # -------------------------------------------------------------- one batch
 
     def run(self, job: Job) -> Output | None:
-        with self._lock:
-            return self._run(job)
-
-    def _run(self, job: Job) -> Output | None:
         n = len(job.rows)
-        if n == 0:
+        if job.start >= n:
             return job.sink.output
-        blob = pickle_fn(job.fn)
-        self._load(job.fn, blob, job.remaining())
-        shell, keys, columns = self._arena.share(job.rows)
+        key = self.batches.prepare(job.fn)
         given = job.sink.output
-        in_place = job.policy.plain  # else chunks come back, merged here (_dispatch)
-        if (
-            in_place
-            and given is not None
-            and not all(b.is_shared() and b.is_contiguous() for b in given.buffers)
-        ):
-            check_shm(given.nbytes, "the output")
-            job.sink.output = given.like(shared=True)  # staging; copied into out= at the end
-        shape_key = (blob, job.rows.layout())
-        guessed = in_place and given is None and self._shapes.guess(job, shape_key)
+        shape_key = (key, job.rows.layout())
+        into = None
+        # rows of one shape, none failing alone, an output too large to travel inside a
+        # message: written in place, in shared memory
+        if job.policy.plain and given is None:
+            into = self._shapes.guess(shape_key, n)
+        elif job.policy.plain and given is not None and min(_sizes(given)) > INLINE:
+            into = given
+            if not all(b.is_shared() and b.is_contiguous() for b in given.buffers):
+                check_shm(given.nbytes, "the output")
+                into = given.like(shared=True)  # staging: copied into out= at the end
         try:
-            replace = lambda dead: self._replace(dead, job.fn)  # noqa: E731
-            try:
-                Dispatch(self._workers, job, replace).run(shell, keys, columns)
-            except Exception as exc:
-                if not guessed or not isinstance(exc, StackError):
-                    raise
-                # a result unlike last batch's: run the batch as the first one ran, so
-                # that row 0 fixes the output and the error names what serial names
-                job.sink.output = None
-                Dispatch(self._workers, job, replace).run(shell, keys, columns)
-        except BaseException as exc:
-            # crashed, timed out or interrupted with rows in flight: the workers' state is
-            # unknown, so start afresh. A row error waited for the others: keep the pool.
-            if isinstance(exc, (WorkerCrashed, BatchTimeout, OSError)) or any(
-                w.held for w in self._workers
-            ):
-                self._reset()
-            if given is not None:
-                job.sink.output = given
-            raise
+            self._parts(job, key, into)
+        except StackError:
+            if into is None or given is not None:
+                raise
+            # rows unlike last batch's: run the batch again as the first one ran, so
+            # that the error names what serial names (or it is no error: its own shape)
+            self._parts(job, key, None)
+            into = None
         out = job.sink.output
         if out is None:
             return None  # every row failed (on_error='fill'/'skip'): none gave a shape
-        if in_place and given is None:
+        if job.policy.plain and given is None:
             self._shapes.keep(shape_key, out)
-        if given is not None and out is not given:  # rows before start were written in place
-            job.sink.output = copy_rows(given, out, job.start)
+        if given is not None and into is not None and into is not given:
+            job.sink.output = copy_rows(given, into, job.start)
         return job.sink.output
+
+    def _parts(self, job: Job, key: str, into: Output | None) -> None:
+        """Rows ``job.start:`` in a part per worker (more with a progress bar), each
+        written into ``into`` or merged into ``job.sink`` as it comes back."""
+        per = PROGRESS_PARTS if job.sink.progress is not None else 1
+        bounds = split(job.start, len(job.rows), self.workers * per)
+        pending = self._submit(job, key, bounds, into)
+        merge = ChunkMerge(job) if into is None else None
+        isolation = Isolation(job)
+        errors: list[BaseException] = []
+        try:
+            while pending:
+                ticket = pending.pop(0)
+                try:
+                    ticket.result()
+                except WorkerCrashed as exc:
+                    if not (ticket.crashed and job.policy.per_row_errors):
+                        errors.append(exc)
+                        continue
+                    assert ticket.part is not None, "a batch's rows travel as parts"
+                    again = isolation.lost(ticket.part, f"worker pid {exc.pid}", _how(exc))
+                    pending += self._submit(job, key, again, into)
+                    continue
+                except Exception as exc:  # a row's, the deadline's: the lowest row's wins
+                    errors.append(exc)
+                    continue
+                if merge is not None:
+                    assert ticket.reply is not None, "a part resolved has its reply"
+                    merge.merge(ticket.reply)
+                ticket.reply = None  # its chunk's shared memory goes once merged
+                job.sink.advance(len(ticket.rows))
+        except BaseException:  # Ctrl-C while waiting: the parts still out are dropped
+            self.batches.abandon(pending)
+            raise
+        if errors:
+            raise first_error(errors)
+        if into is not None and job.sink.output is None:
+            job.sink.adopt(into)
+
+    def _submit(
+        self, job: Job, key: str, bounds: list[tuple[int, int]], into: Output | None
+    ) -> list[Ticket]:
+        tickets = self.batches.submit_parts(
+            key, job.rows, job.policy, job.remaining(), bounds, into
+        )
+        for ticket in tickets:
+            ticket.limit = job.timeout  # the batch's, as the caller gave it
+        return tickets
+
+
+def _sizes(out: Output, n: int | None = None) -> list[int]:
+    """Each buffer's bytes (at ``n`` rows)."""
+    rows = [len(b) if n is None else n for b in out.buffers]
+    return [r * math.prod(b.shape[1:]) * b.element_size() for r, b in zip(rows, out.buffers)]
+
+
+def _how(exc: WorkerCrashed) -> str:
+    code = exc.exitcode
+    if code is not None and code < 0:
+        import signal
+
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
