@@ -1,11 +1,12 @@
-"""What a :class:`~prep.Pool`'s streams share: its whole-batch workers, ``auto``'s plan
-per function and options (so an epoch loop pays the strategy trial once), and the
-latest plans, which ``Pool.explain()`` describes.
+"""What a :class:`~prep.Pool`'s streams share: its workers (those its ``processes`` and
+``threads`` executors run ``map_rows`` on), ``auto``'s plan per function and options
+(so an epoch loop pays the strategy trial once), and the latest plans, which
+``Pool.explain()`` describes.
 
     Pool.imap ─▶ Streams.open ─▶ Stream(submit=Submitter)
                                    │ split: the pool's map_rows, in the stream's thread;
                                    │        on processes/threads, parts on the workers below
-                                   └ whole: ProcessBatches / ThreadBatches (kept here)
+                                   └ whole: ProcessBatches / ThreadBatches (the executor's)
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._kept import Kept
 from ._progress import CountBar
 from ._rows import Rows, rows_of
 from ._strategy import FLAVOUR, StrategyPlan, check_strategy
@@ -26,13 +26,8 @@ from .executors import Executor, in_worker_process
 from .executors._batch_threads import ThreadBatches
 from .executors._batches import ProcessBatches
 
-__all__ = ["WHOLE", "Streams"]
+__all__ = ["Streams"]
 
-#: the whole-batch workers of each flavour (``Pool.imap(strategy="whole")``)
-WHOLE: dict[str, type[ProcessBatches] | type[ThreadBatches]] = {
-    "processes": ProcessBatches,
-    "threads": ThreadBatches,
-}
 #: streams whose strategy ``explain()`` describes, the latest last
 PLANS = 4
 #: functions (with their options) whose auto plan a pool keeps
@@ -47,15 +42,15 @@ class Streams:
     def __init__(self, workers: int, executors: Callable[[str], Executor]) -> None:
         self.workers = workers
         self._executors = executors
-        self._whole: Kept[Whole] = Kept(lambda flavour: WHOLE[flavour](workers))
         self._kept: dict[Any, StrategyPlan] = {}
         self._latest: list[StrategyPlan] = []
         self._lock = threading.Lock()
 
     def whole_workers(self, flavour: str) -> Whole:
-        """The pool's workers of ``flavour``: its executor's own, where it has them."""
-        engine = self._executors(flavour).engine
-        return engine if engine is not None else self._whole.get(flavour)
+        """The pool's workers of ``flavour``: those its executor of that name runs
+        ``map_rows`` on (one set of workers per kind, whatever runs on them)."""
+        engine: Whole = self._executors(flavour).engine
+        return engine
 
     def plan(
         self, strategy: str, key: Any, flavours: tuple[str, ...] = ("processes",)
@@ -149,6 +144,3 @@ class Streams:
         """A line for each of the latest streams' strategy."""
         with self._lock:
             return [p.describe() for p in self._latest]
-
-    def close(self) -> None:
-        self._whole.close()

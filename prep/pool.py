@@ -229,7 +229,6 @@ class Pool:
         self._closed = True
         if os.getpid() != self._pid:
             return
-        self._streams.close()
         if self._owns:
             self._warm.close()
             if self._binder is not None:

@@ -37,9 +37,13 @@ class _Thread(threading.Thread):
         self.tasks, self.intra = tasks, intra
         self.retired = False  # replaced after a timeout: stop after the current batch
         self.current: Ticket | None = None
+        self.ready = threading.Event()  # set once it has taken its share of threads
 
     def run(self) -> None:
-        own_intra_op_threads(self.intra)
+        try:
+            own_intra_op_threads(self.intra)
+        finally:
+            self.ready.set()
         while not self.retired and (ticket := self.tasks.get()) is not None:
             if not ticket.cancelled:
                 self.current = ticket
@@ -56,7 +60,8 @@ def _build(ticket: Ticket) -> None:
         return
     job = Job.new(ticket.fn, ticket.rows, timeout=ticket.timeout, policy=ticket.policy)
     try:
-        job.run_range(0, len(ticket.rows))
+        with ticket.modes():  # the caller's grad and inference modes
+            job.run_range(0, len(ticket.rows))
     except BaseException as exc:  # raised where the stream takes the result
         ticket.resolve(error=exc)
         return
@@ -69,10 +74,12 @@ def _build_part(ticket: Ticket) -> None:
     rows as a chunk of the batch, or written into the batch's output (``into``)."""
     assert ticket.part is not None and ticket.started is not None
     start, stop = ticket.part
-    if ticket.into is not None:
-        reply = write_rows(ticket.fn, ticket.rows, ticket.into, start, stop)
-    else:
-        reply = run_chunk(ticket.fn, ticket.rows, start, stop, policy=ticket.policy)
+    with ticket.modes():  # the caller's grad and inference modes
+        if ticket.into is not None:
+            reply = write_rows(ticket.fn, ticket.rows, ticket.into, start, stop, live=True)
+        else:
+            policy = ticket.policy
+            reply = run_chunk(ticket.fn, ticket.rows, start, stop, policy=policy, live=True)
     ended = time.monotonic()
     ticket.busy, ticket.span, ticket.reply = ended - ticket.started, (ticket.started, ended), reply
     ticket.resolve(*value_of(reply, ticket.fn))
@@ -90,13 +97,19 @@ class ThreadBatches(DaemonThreads[Ticket]):
     def _ensure_started(self) -> None:
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive() and not t.retired]
+            new = []
             while len(self._threads) < self.workers:
                 self._made += 1
                 t = _Thread(
-                    self._tasks, threads_per_worker(self.workers), f"prep-batch-{self._made}"
+                    self._tasks, threads_per_worker(self.workers), f"prep-thread-{self._made}"
                 )
                 t.start()
                 self._threads.append(t)
+                new.append(t)
+        # each new thread lowers torch's process-wide default for a moment while it takes
+        # its own share of threads: none may still be at it once a batch returns
+        for t in new:
+            t.ready.wait()
 
     def ready(self) -> bool:
         return True  # threads start at once

@@ -187,7 +187,7 @@ class ProcessBatches:
         else:
             _spawn.ensure_server()
             ctx = _spawn.context()
-        return Worker(ctx, self.threads, target=_batch_worker.main)
+        return Worker(ctx, self.threads)
 
     def start(self) -> None:
         """Start every worker now (else the first submit does)."""

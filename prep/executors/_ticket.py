@@ -4,8 +4,11 @@ shape of a stream's batches in flight (:mod:`prep.executors._batches` for proces
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
+
+import torch
 
 from .._output import Output
 from .._policy import Policy
@@ -48,6 +51,9 @@ class Ticket:
         self.args: tuple[Any, ...] | None = None
         self.what = ""
         self.kind = "rows"  # "rows" (a batch or a part), "call", or "load" (the function alone)
+        # the caller's autograd modes (grad, inference) when it submitted: a thread builds
+        # under them, as serial would in the caller's own thread
+        self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self._done = threading.Event()
         self._value: Value | None = None
         self._error: BaseException | None = None
@@ -86,6 +92,13 @@ class Ticket:
         ticket = cls(owner, None, None, timeout)  # type: ignore[arg-type]  # no rows
         ticket.key, ticket.what, ticket.kind = key, "loading the row function", "load"
         return ticket
+
+    def modes(self) -> contextlib.ExitStack:
+        """The caller's grad and inference modes, entered (in a worker thread)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.inference_mode(self.inference))
+        stack.enter_context(torch.set_grad_enabled(self.grad))
+        return stack
 
     def done(self) -> bool:
         return self._done.is_set()

@@ -1,25 +1,28 @@
-"""The loop a ``processes`` worker runs, in the child process.
+"""What a worker computes for its rows, and how it reports them: rows written into
+the batch's output (:func:`write_rows`) or into a chunk of their own
+(:func:`run_chunk`), a failure as a reply the parent rebuilds
+(:func:`error_from_reply`); and what a worker process sets up for itself (its
+threads, a watch on its parent). Worker processes (``_batch_worker``), threads
+(``_batch_threads``) and loky's tasks (``joblib_loky``) all run these.
 
-It imports only torch and prep, so the forkserver can preload it once and
-fork each worker in milliseconds.
+It imports only torch and prep, so prep's forkserver preloads it once and forks
+each worker in milliseconds.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import signal
 import threading
 import time
 import traceback
-from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
-from .._output import Output, detached, flatten
+from .._output import Output
 from .._policy import RAISE, Policy, ResultCheck
-from .._rows import Rows, TensorRows
+from .._rows import Rows
 from ..errors import RemoteTraceback, RowError, SetupError
 from ._base import BLOCK, Job
 
@@ -64,7 +67,12 @@ def _watch_parent(pid: int, every: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="prep-parent-watch").start()
 
 
-def _error(row: int, exc: BaseException, tag: str = "error") -> tuple[Any, ...]:
+def _error(row: int, exc: BaseException, tag: str = "error", live: bool = False) -> tuple[Any, ...]:
+    """The reply that reports ``exc`` (on ``row``): pickled with its traceback's text for
+    another process; ``live`` (a thread of the caller's process): the exception itself,
+    its own traceback intact."""
+    if live:
+        return (tag, row, type(exc).__name__, str(exc), "", exc)
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         blob = pickle.dumps(exc)
@@ -89,8 +97,11 @@ def ready(hold: float) -> int:
     return os.getpid()
 
 
-def rebuild(blob: bytes | None, name: str, text: str, tb: str) -> BaseException:
-    """The worker's exception in the parent, its traceback text as ``__cause__``."""
+def rebuild(blob: Any, name: str, text: str, tb: str) -> BaseException:
+    """The worker's exception in the parent, its traceback text as ``__cause__`` (a live
+    one, from a thread, as it is)."""
+    if isinstance(blob, BaseException):
+        return blob
     exc: BaseException
     try:
         exc = pickle.loads(blob) if blob is not None else RuntimeError(f"{name}: {text}")
@@ -100,21 +111,24 @@ def rebuild(blob: bytes | None, name: str, text: str, tb: str) -> BaseException:
     return exc
 
 
-def write_rows(fn: Any, rows: Rows, out: Output, start: int, stop: int) -> tuple[Any, ...]:
-    """Rows ``start:stop`` into ``out`` a block at a time; "done", or the first error."""
+def write_rows(
+    fn: Any, rows: Rows, out: Output, start: int, stop: int, live: bool = False
+) -> tuple[Any, ...]:
+    """Rows ``start:stop`` into ``out`` a block at a time; "done", or the first error
+    (``live``: as :func:`_error` reports it to a thread of this process)."""
     for block in range(start, stop, BLOCK):
         results = []
         for i in range(block, min(stop, block + BLOCK)):
             try:
                 results.append(rows.call(fn, i))
             except SetupError as exc:  # not the row's fault: raised as it is in the parent
-                return _error(i, exc, "bad-result")
+                return _error(i, exc, "bad-result", live)
             except Exception as exc:
-                return _error(i, exc)
+                return _error(i, exc, live=live)
         try:
             out.write_block(block, results)
         except Exception as exc:  # a result of the wrong type or shape
-            return _error(getattr(exc, "row", block), exc, "bad-result")
+            return _error(getattr(exc, "row", block), exc, "bad-result", live)
     return ("done", start, stop)
 
 
@@ -135,7 +149,13 @@ def error_from_reply(reply: tuple[Any, ...]) -> BaseException:
 
 
 def run_chunk(
-    fn: Any, rows: Rows, start: int, stop: int, policy: Policy = RAISE, shared: bool = False
+    fn: Any,
+    rows: Rows,
+    start: int,
+    stop: int,
+    policy: Policy = RAISE,
+    shared: bool = False,
+    live: bool = False,
 ) -> tuple[Any, ...]:
     """Rows ``start:stop`` into an output of their own, returned whole: ``("chunk",
     start, stop, output or None, failed rows' error replies)``, or the first error.
@@ -143,6 +163,7 @@ def run_chunk(
     joblib's tasks run this, and so do ``processes`` workers where rows may differ
     in size or fail on their own (``pad=``, ``on_error=``): an output in shared
     memory (``shared``), which goes back by file descriptor, not through the pipe.
+    ``live``: errors reported as :func:`_error` reports them to a thread of this process.
     """
     check = getattr(rows, "check", None)
     if isinstance(check, ResultCheck):
@@ -151,79 +172,12 @@ def run_chunk(
     try:
         job.run_range(start, stop)
     except RowError as err:
-        return _error(err.row, err.__cause__ if isinstance(err.__cause__, Exception) else err)
+        cause = err.__cause__ if isinstance(err.__cause__, Exception) else err
+        return _error(err.row, cause, live=live)
     except Exception as exc:  # a result of the wrong type or shape
-        return _error(getattr(exc, "row", start), exc, "bad-result")
+        return _error(getattr(exc, "row", start), exc, "bad-result", live)
     failed = [
-        _error(i, e.__cause__ if isinstance(e.__cause__, Exception) else e)
+        _error(i, e.__cause__ if isinstance(e.__cause__, Exception) else e, live=live)
         for i, e in sorted(job.sink.failures.errors.items())
     ]
     return ("chunk", start, stop, job.sink.output, failed)
-
-
-def probe_row(fn: Any, rows: Rows, i: int) -> tuple[Any, ...]:
-    """Row ``i`` alone, sent back whole (``("probe", i, result)``): its result fixes the
-    output's shape; or its error."""
-    try:
-        result = rows.call(fn, i)
-    except SetupError as exc:  # not the row's fault: raised as it is in the parent
-        return _error(i, exc, "bad-result")
-    except Exception as exc:
-        return _error(i, exc)
-    try:
-        flatten(result, row=i)
-        return ("probe", i, detached(result))
-    except Exception as exc:  # not a tensor, or a structure of them
-        return _error(i, exc, "bad-result")
-
-
-def main(conn: Connection, main_pid: int, threads: int) -> None:
-    """Serve batches until the parent says ``close`` or goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    limit_threads(threads)
-    _watch_parent(main_pid)
-    fn: Any = None
-    shell: Any = None
-    columns: dict[int, torch.Tensor] = {}
-    out: Output | None = None
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        tag = msg[0]
-        if tag == "close":
-            return
-        if tag == "fn":
-            try:
-                fn = pickle.loads(msg[1])
-            except BaseException as exc:  # SystemExit from a module it imports, too
-                fn = None
-                conn.send(_error(-1, exc))
-            else:
-                conn.send(("loaded",))
-            continue
-        if tag == "batch":
-            _, shell, keys, new_columns, out = msg
-            columns = {k: columns[k] if k in columns else new_columns[k] for k in keys}
-            if isinstance(shell, TensorRows):
-                shell = shell.replace([columns[k] for k in keys])
-            continue
-        if tag == "output":
-            out = msg[1]
-            continue
-        # ("run", start, stop, payload, probe) or ("chunk", start, stop, payload, policy)
-        _, start, stop, payload, probe = msg
-        rows = shell.with_chunk(payload)
-        reply: tuple[Any, ...]
-        if tag == "chunk":
-            reply = run_chunk(fn, rows, start, stop, policy=probe, shared=True)
-        elif probe:
-            reply = probe_row(fn, rows, start)
-        else:
-            assert out is not None, "the parent sends the output before any range"
-            reply = write_rows(fn, rows, out, start, stop)
-        try:
-            conn.send(reply)
-        except Exception as exc:  # e.g. a result that cannot be pickled
-            conn.send(_error(start, exc, "bad-result"))
