@@ -3,15 +3,21 @@ stable stand-ins for the values bound to it (``functools.partial`` arguments, cl
 cells, defaults). Two objects with one identity compute the same thing; a function
 bound to a value without a stable stand-in (a lock, a model object) has none.
 
-Used by auto's wisdom (:mod:`prep.auto.wisdom`, the key of a remembered choice) and
-by the checks of :mod:`prep._trust` (a fresh ``functools.partial`` or lambda each
-batch is still the function already checked).
+:func:`key` is the function's key within this process: its identity where it has
+one, else the ids of the function and what is bound to it. Every place that asks
+"is this the function I saw?" asks it: auto's choices
+(:func:`prep.auto.calibration.signature`), the checks of :mod:`prep._trust` (a fresh
+``functools.partial`` or lambda each batch is still the function already checked);
+auto's wisdom keys its files by :func:`identity` alone, as ids mean nothing in
+another interpreter.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -20,10 +26,15 @@ import torch
 
 from ._rowwise import unwrap_partial
 
-__all__ = ["identity"]
+__all__ = ["identity", "key"]
 
 #: how deep bound arguments are followed into functions and containers
 DEPTH = 4
+#: functions whose key is kept by id (each kept alive, so that its id is not reused)
+KEEP = 256
+
+_keys: dict[int, tuple[Any, Any]] = {}
+_lock = threading.Lock()
 
 
 def _code(code: types.CodeType) -> str:
@@ -78,6 +89,9 @@ def identity(fn: Callable[..., Any], depth: int = 0) -> Any:
         parts = [identity(inner, depth + 1), identity(setup, depth + 1) if setup else None]
         return None if None in parts else ["with setup", *parts]
     base, args, kwargs = unwrap_partial(fn)
+    if isinstance(base, types.MethodType):  # its object is bound to it, as an argument is
+        method: types.MethodType = base
+        base, args = method.__func__, (method.__self__, *args)
     bound = [_value(a, depth + 1) for a in args]
     bound += [_value({k: v}, depth + 1) for k, v in sorted(kwargs.items())]
     name = f"{getattr(base, '__module__', None)}.{getattr(base, '__qualname__', None)}"
@@ -89,3 +103,37 @@ def identity(fn: Callable[..., Any], depth: int = 0) -> Any:
     kwdefaults = _value(dict(getattr(base, "__kwdefaults__", None) or {}), depth + 1)
     parts = [name, _code(code), *bound, *cells, defaults, kwdefaults]
     return None if None in parts else parts
+
+
+def key(fn: Callable[..., Any]) -> Any:
+    """``fn``'s key within this process: its :func:`identity` where it has one (so a
+    fresh lambda or partial of the same code and values is the same function), else
+    the ids of the function and what is bound to it. Kept by id for the next call
+    (the function kept alive with it, so that no other object takes its id)."""
+    with _lock:
+        hit = _keys.get(id(fn))
+        if hit is not None and hit[0] is fn:
+            return hit[1]
+    who = identity(fn)
+    made = ("identity", json.dumps(who)) if who is not None else ("ids", _ids(fn))
+    with _lock:
+        _keys[id(fn)] = (fn, made)
+        while len(_keys) > KEEP:
+            del _keys[next(iter(_keys))]
+    return made
+
+
+def _ids(fn: Callable[..., Any]) -> Any:
+    base, args, kwargs = unwrap_partial(fn)
+    if isinstance(base, types.MethodType):  # ``obj.method`` is a new object at every access
+        method: types.MethodType = base
+        base, args = method.__func__, (method.__self__, *args)
+    return (id(base), tuple(map(_id, args)), tuple(sorted((k, _id(v)) for k, v in kwargs.items())))
+
+
+def _id(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return ("tensor", tuple(v.shape), str(v.dtype), str(v.device))
+    if isinstance(v, (int, float, str, bool, type(None))):
+        return v
+    return (type(v).__qualname__, id(v))

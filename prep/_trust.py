@@ -26,7 +26,6 @@ a batched form's, against serial's). ``auto`` drops what disagrees
 from __future__ import annotations
 
 import copy
-import json
 import math
 import threading
 import weakref
@@ -37,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._identity import identity
+from ._identity import key
 from ._output import Output, Spec, flatten
 from ._rows import Rows, SampleRows, TensorRows
 from ._state import WithState
@@ -221,18 +220,16 @@ KEEP = 128
 
 
 def _first_time(executor: Any, fn: Callable[..., Any]) -> bool:
-    # by identity where there is one: a fresh partial or lambda of the same code and
-    # values each batch is the function already checked; else by id, kept alive so
-    # that its id is not reused meanwhile
+    # by _identity.key: a fresh partial or lambda of the same code and values each
+    # batch is the function already checked
     with _lock:
         seen = _checked.setdefault(executor, {})
         if seen.get(id(fn)) is fn:
             return False  # the very object: no identity to work out on every batch
-    who = identity(fn)
-    key: Any = json.dumps(who) if who is not None else id(fn)
+    made = key(fn)
     with _lock:
-        first = key not in seen
-        seen[key] = seen[id(fn)] = fn
+        first = made not in seen
+        seen[made] = seen[id(fn)] = fn
         while len(seen) > KEEP:
             del seen[next(iter(seen))]
         return first

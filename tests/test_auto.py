@@ -243,6 +243,23 @@ def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_no
     assert second.vmap_row is not None, str(second)  # and vmap ran that batch's rest
 
 
+def test_rows_that_are_nan_under_serial_agree_with_vmap_at_every_check(monkeypatch):
+    # one rule for "the same": NaN where serial has NaN agrees, on the first batch's check
+    # (vmap_first) and on the later ones (vmap_agrees) alike
+    from prep.auto._batched import BatchedForms
+
+    monkeypatch.setattr(BatchedForms, "won_outright", lambda self, per_row=None: False)
+    x = torch.randn(32, 256, 1024)
+    x[::3, 0, :5] = math.nan  # NaN in the rows serial measures first, too
+    want = torch.sin(x)
+    with prep.Pool("auto", workers=2) as pool:
+        for _ in range(2):
+            got = pool.map_rows(big_sin, x)
+            assert torch.allclose(got, want, rtol=0, atol=0, equal_nan=True)
+            (cal,) = pool._get("auto").choices().values()
+            assert cal.vmap_row is not None and "vmap" not in cal.dropped, str(cal)
+
+
 @pytest.mark.skipif(not TWO_CORES, reason="processes are left out on one core")
 def test_with_the_forkserver_up_a_pool_starts_during_the_first_batch(monkeypatch):
     from prep.executors.processes import ProcessExecutor

@@ -92,6 +92,32 @@ def test_a_lambda_is_keyed_by_its_code_and_captured_values_or_not_at_all():
     assert key_of(lambda r: r if lock else r, x) is None
 
 
+class _Scale:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+    def apply(self, row: torch.Tensor) -> torch.Tensor:
+        return row * self.k
+
+
+def test_one_key_in_the_process_by_code_where_it_can_by_object_where_it_cannot():
+    from prep._identity import identity, key
+
+    def make(scale):
+        return lambda r: r * scale
+
+    # a fresh lambda of the same code and values is the function already seen
+    assert key(make(2)) == key(make(2)) != key(make(3))
+    # a bound method carries its object: two objects are two functions, one object one,
+    # however often ``obj.apply`` makes a new method object; none is remembered across
+    # interpreters (the object has no stable stand-in)
+    a, b = _Scale(2.0), _Scale(3.0)
+    assert key(a.apply) == key(a.apply) != key(b.apply)
+    assert identity(a.apply) is None
+    lock = threading.Lock()
+    assert key(lambda r: r if lock else r)[0] == "ids"
+
+
 # ---------------------------------------------------------------- the file
 
 

@@ -10,14 +10,11 @@ and ``print`` shows; the decisions that move it are
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
+from .._identity import key
 from .._rows import Rows
-from .._rowwise import unwrap_partial
 from ._explain import CalibrationText
 from ._figures import Figures
 
@@ -34,29 +31,7 @@ class Calibration(Figures):
 # ---------------------------------------------------------------- signature
 
 
-def _value_key(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return ("tensor", tuple(v.shape), str(v.dtype), str(v.device))
-    if isinstance(v, (int, float, str, bool, type(None))):
-        return v
-    return (type(v).__qualname__, id(v))
-
-
-def _fn_key(fn: Callable[..., Any]) -> Any:
-    """Ids stay unique only while their objects live: ``Auto`` keeps ``fn`` (and with
-    it everything this key names) alive for as long as it keeps the choice."""
-    fn, args, kwargs = unwrap_partial(fn)
-    if isinstance(fn, types.MethodType):  # ``obj.method`` is a new object at every access
-        method: types.MethodType = fn
-        fn, args = method.__func__, (method.__self__, *args)
-    return (
-        id(fn),
-        tuple(map(_value_key, args)),
-        tuple(sorted((k, _value_key(v)) for k, v in kwargs.items())),
-    )
-
-
 def signature(fn: Callable[..., Any], rows: Rows, pinned: bool, policy: Any = None) -> Any:
     """What a cached choice is valid for (everything but the number of rows); with
     ``pad=`` or ``on_error=`` another choice (they rule batched forms in or out)."""
-    return (_fn_key(fn), rows.layout(), pinned, repr(policy))
+    return (key(fn), rows.layout(), pinned, repr(policy))
