@@ -217,3 +217,14 @@ def test_threads_take_parts_from_one_queue_and_build_them_as_processes_do():
             assert t.span is not None and t.span[0] <= t.span[1]  # rated as processes' parts
     finally:
         workers.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_ring_lends_again_buffers_of_several_sizes(no_leaks):
+    # batches of two sizes in turn: the ring holds buffers of both, and takes the one of
+    # the size asked for (never comparing tensors of other sizes)
+    small, large = torch.randn(64, 512), torch.randn(256, 512)  # both travel in the ring
+    with prep.Pool("processes", workers=2) as pool:
+        for x in (small, large, small, large, large, small):
+            assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
+        assert len(pool._get("processes").batches._ring._idle) >= 2

@@ -60,9 +60,9 @@ class Ring:
 
     def _take(self, nbytes: int) -> torch.Tensor:
         with self._lock:
-            for buf in self._idle:
+            for i, buf in enumerate(self._idle):
                 if buf.nbytes == nbytes:
-                    self._idle.remove(buf)
+                    del self._idle[i]  # by place: deque.remove would compare tensors by ==
                     return buf
         check_shm(nbytes, "the batch")  # a clear error, not a bus error in a worker
         return shared_empty((nbytes,), torch.uint8)
