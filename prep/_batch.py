@@ -9,12 +9,12 @@ in input order (one copy of what remains).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ._options import Options, Returns
 from ._output import Output, Result
 from ._padding import given_padded
 from ._policy import Failures, Policy
@@ -26,43 +26,15 @@ from .executors import Executor, Job
 from .executors._base import copy_rows
 
 
-@dataclass(frozen=True)
-class Returns:
-    """What a call returns beside the output: ``(out, lengths, valid, errors)``, those
-    asked for."""
-
-    lengths: bool = False
-    valid: bool = False
-    errors: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("lengths", "valid", "errors"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"return_{name}={getattr(self, name)!r} is not True or False")
-
-
-def run(
-    ex: Executor,
-    fn: Callable[..., Any],
-    rows: Rows,
-    *,
-    out: Any,
-    device: torch.device | None,
-    timeout: float | None,
-    policy: Policy,
-    returns: Returns = Returns(),  # noqa: B008 (frozen, so one shared default is safe)
-    progress: bool = False,
-) -> Any:
-    """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it."""
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress={progress!r} is not True or False")
-    n = len(rows)
-    given = _given(out, n, policy)
+def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:
+    """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it with ``options``."""
+    n, policy, device = len(rows), options.policy, options.device
+    given = _given(options.out, n, policy)
     pin = device is not None and device.type == "cuda" and rows.device.type == "cpu"
-    bar = RowProgress(n) if progress else None
+    bar = RowProgress(n) if options.progress else None
     advance = bar.advance if bar is not None else None
     staging = _staging(given, rows, device)
-    job = Job.new(fn, rows, staging, timeout, policy=policy, pin=pin, progress=advance)
+    job = Job.new(fn, rows, staging, options.timeout, policy=policy, pin=pin, progress=advance)
     try:
         result = given if n == 0 and given is not None else ex.run(job)
     finally:
@@ -77,7 +49,7 @@ def run(
     result.finish()
     if job.sink.failures:
         job.sink.failures.warn(n, policy)
-    return _returned(job, result, given, device, returns)
+    return _returned(job, result, given, device, options.returns)
 
 
 def _staging(given: Output | None, rows: Rows, device: torch.device | None) -> Output | None:
@@ -160,4 +132,4 @@ def _no_shape(n: int, failures: Failures, policy: Policy) -> BaseException:
     )
 
 
-__all__ = ["Returns", "run"]
+__all__ = ["run"]

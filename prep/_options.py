@@ -16,9 +16,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from ._batch import Returns
 from ._checks import check_device, check_timeout
 from ._policy import Policy
+
+
+@dataclass(frozen=True)
+class Returns:
+    """What a call returns beside the output: ``(out, lengths, valid, errors)``, those
+    asked for."""
+
+    lengths: bool = False
+    valid: bool = False
+    errors: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("lengths", "valid", "errors"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"return_{name}={getattr(self, name)!r} is not True or False")
 
 
 class CallOptions(TypedDict, total=False):
@@ -125,4 +139,4 @@ _BATCH = tuple(n for n in NAMES if n not in ("device", "timeout", "progress"))
 #: every option at its default
 DEFAULT = Options()
 
-__all__ = ["DEFAULT", "NAMES", "CallOptions", "Options"]
+__all__ = ["DEFAULT", "NAMES", "CallOptions", "Options", "Returns"]

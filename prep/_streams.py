@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ._options import Options
 from ._progress import CountBar
 from ._rows import Rows, rows_of
 from ._strategy import FLAVOUR, StrategyPlan, check_strategy
@@ -89,27 +90,26 @@ class Streams:
         call: Callable[[Any], Any],
         finish: Callable[[Executor, Rows], Any],
         fn: Any,
-        options: dict[str, Any],
+        options: Options,
         *,
         samples: bool,
-        progress: bool,
         isolate: Callable[[], Executor],
-        timeout: float | None,
     ) -> Stream:
         """A stream of ``call(batch)`` (the pool's map_rows/map_samples with ``options``)
-        for split batches; whole ones through the workers, finished by ``finish``."""
+        for split batches; whole ones through the workers, finished by ``finish``
+        (``options.progress``: a bar of batches)."""
         flavour = FLAVOUR.get(executor)
         if flavour == "processes" and in_worker_process():
             flavour = "threads"  # a DataLoader worker cannot have children
         prefetch = self.prefetch(prefetch, strategy, executor)
         strategy = check_strategy(strategy, executor, self.workers, prefetch)
-        if options.get("out") is not None and prefetch != 0:
+        if options.out is not None and prefetch != 0:
             raise ConfigError(
                 f"out= is one buffer, but imap prepares up to prefetch={prefetch!r} batches "
                 f"while you hold the current one: they would overwrite it; drop out= (each "
                 f"batch gets its own output), or pass prefetch=0"
             )
-        meter = CountBar("batch") if progress else None
+        meter = CountBar("batch") if options.progress else None
 
         def split(batch: Any) -> Any:
             out = call(batch)
@@ -130,10 +130,13 @@ class Streams:
             if executor == "auto" and flavour == "processes"
             else (flavour or "",)
         )
-        plan = self.plan(strategy, (fn, samples, repr(sorted(options.items()))), flavours)
+        shaping = repr(sorted(options.batch_options().items()))  # what shapes a batch's result
+        plan = self.plan(strategy, (fn, samples, shaping), flavours)
         submit = Submitter(
-            plan, samples, split, finished, fn, options, self.whole_workers if flavour else None,
-            isolate=isolate, timeout=timeout, parts=flavour if executor == flavour else None,
+            plan, samples, split, finished, fn, options.policy,
+            self.whole_workers if flavour else None,
+            isolate=isolate, timeout=options.timeout,
+            parts=flavour if executor == flavour else None,
         )  # fmt: skip
         stream = Stream(split, batches, prefetch, submit=submit)
         if meter is not None:

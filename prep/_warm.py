@@ -44,7 +44,4 @@ def run_batch(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options
     policy = options.policy
     if policy.per_row_errors:  # a bad result (None, another dtype) then fails its row only
         rows = rows.checking(ResultCheck(policy.padding is not None, options.out))
-    return run(
-        ex, fn, rows, out=options.out, device=options.device, timeout=options.timeout,
-        policy=policy, returns=options.returns, progress=options.progress,
-    )  # fmt: skip
+    return run(ex, fn, rows, options)

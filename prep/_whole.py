@@ -26,13 +26,7 @@ from .executors import Executor, Job
 from .executors._base import split
 from .executors._ticket import Ticket
 
-__all__ = ["Delivery", "Submitter", "policy_of"]
-
-
-def policy_of(options: dict[str, Any]) -> Policy:
-    """The :class:`Policy` of ``map_rows``' keywords in ``options``."""
-    get = options.get
-    return Policy.of(get("pad"), get("pad_to"), get("on_error", "raise"), get("fill"))
+__all__ = ["Delivery", "Submitter"]
 
 
 class _Delivered(Executor):
@@ -122,9 +116,9 @@ class Submitter:
 
     ``split(batch)`` is the pool's ``map_rows``/``map_samples`` with the stream's
     options; ``finish(executor, rows)`` is ``_batch.run`` through that executor
-    with the same options; ``workers(flavour)`` gives the pool's whole-batch workers of
-    that flavour (None when the plan never asks for them), ``isolate`` its
-    ``processes`` executor."""
+    with the same options (whose ``policy`` is given); ``workers(flavour)`` gives the
+    pool's workers of that flavour (None when the plan never asks for them),
+    ``isolate`` its ``processes`` executor."""
 
     def __init__(
         self,
@@ -133,7 +127,7 @@ class Submitter:
         split: Callable[[Any], Any],
         finish: Callable[[Executor, Rows], Any],
         fn: Any,
-        options: dict[str, Any],
+        policy: Policy,
         workers: Callable[[str], Any] | None,
         isolate: Callable[[], Executor],
         timeout: float | None,
@@ -142,7 +136,7 @@ class Submitter:
         self.plan, self.samples = plan, samples
         self.split, self._finish, self.isolate = split, finish, isolate
         self.pick, self.timeout, self.fn = workers, timeout, fn
-        self.policy = policy_of(options)
+        self.policy = policy
         self.senders: dict[str, _Sender] = {}  # by flavour, made on first use
         # split batches go in parts to the stream's workers of this flavour (no barrier),
         # not through the pool's map_rows: a stream of executor='processes' or 'threads'

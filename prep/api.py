@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from ._checks import check_fn
 from ._explanation import Explanation
 from ._options import CallOptions, Options
-from ._policy import Policy
 from ._rows import Rows, rows_of, samples_of
 from .auto import Calibrator, Sample
 from .executors import Job, in_worker_process, resolve_workers
@@ -112,17 +111,15 @@ def explain(
     batch: Any,
     *,
     workers: int | None = None,
-    pad: Any = None,
-    pad_to: Any = None,
-    on_error: str = "raise",
-    fill: Any = None,
+    **options: Unpack[CallOptions],
 ) -> Explanation:
     """Calibrate ``auto`` on ``batch`` and return what it measured, predicted and chose.
 
     Only the rows calibration needs are computed (all of them where a batched
-    twin or vmap runs the rest at once). ``pad=``, ``pad_to=``, ``on_error=`` and
-    ``fill=`` are :func:`map_rows`'s: they change what auto may choose, and the
-    first line shows them. The :class:`~prep.Explanation` is the text to print (a
+    twin or vmap runs the rest at once). ``options`` are :func:`map_rows`'s, checked
+    as it checks them; those that shape the output (``pad=``, ``pad_to=``,
+    ``on_error=``, ``fill=``) change what auto may choose, and the first line shows
+    them. The :class:`~prep.Explanation` is the text to print (a
     ``str``), with the calibration behind it: its fields (``predicted``,
     ``choice``, ...) are there for code. ``Pool.explain()`` returns the same type.
 
@@ -136,6 +133,6 @@ def explain(
     if len(rows) == 0:
         raise ValueError("the batch has 0 rows: there is nothing to measure")
     n_workers = resolve_workers(workers)
-    job = Job.new(fn, rows, policy=Policy.of(pad, pad_to, on_error, fill))
+    job = Job.new(fn, rows, policy=Options.of("explain", options).policy)
     sample = Sample(job, SHARED.executors(n_workers), n_workers, not in_worker_process())
     return Explanation([Calibrator(sample).run()])

@@ -205,9 +205,8 @@ class Pool:
                 return run_batch(ex, bound, rows, each)
 
         return self._streams.open(
-            name, batches, prefetch, strategy, split, finish, bound, each.batch_options(),
-            samples=samples, progress=options.progress,
-            isolate=lambda: self._get("processes"), timeout=each.timeout,
+            name, batches, prefetch, strategy, split, finish, bound, options,
+            samples=samples, isolate=lambda: self._get("processes"),
         )  # fmt: skip
 
     def explain(self) -> Explanation:

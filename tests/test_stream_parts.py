@@ -17,9 +17,9 @@ import torch
 import prep
 from prep._output import Output
 from prep._parts import DeliveredParts
+from prep._policy import RAISE
 from prep._rows import rows_of
 from prep._strategy import StrategyPlan
-from prep._whole import policy_of
 from prep.executors._batches import ProcessBatches
 from tests import rowfns
 
@@ -133,7 +133,7 @@ def test_each_worker_gets_one_part_of_a_batch_and_the_loan_comes_back(no_leaks):
     try:
         key = workers.prepare(rowfns.affine)
         rows = rows_of(wide_batch(0, rows=512))  # its column is lent from the ring
-        tickets = workers.submit_parts(key, rows, policy_of({}), None, [(0, 256), (256, 512)])
+        tickets = workers.submit_parts(key, rows, RAISE, None, [(0, 256), (256, 512)])
         assert [t.part for t in tickets] == [(0, 256), (256, 512)]
         assert tickets[0].lane is not tickets[1].lane
         assert not workers._ring._idle  # lent, until every part is settled
@@ -157,7 +157,7 @@ def test_a_part_in_place_writes_the_batchs_own_output(no_leaks):
         key = workers.prepare(rowfns.affine)
         b = wide_batch(0, rows=64)
         into = Output.allocate(b[0], 64, shared=True)
-        fn = functools.partial(workers.submit_parts, key, rows_of(b), policy_of({}), None)
+        fn = functools.partial(workers.submit_parts, key, rows_of(b), RAISE, None)
         tickets = fn([(0, 32), (32, 64)], into)
         for t in tickets:
             assert t.result() == (None, {}) and t.reply[0] == "done"
@@ -208,7 +208,7 @@ def test_threads_take_parts_from_one_queue_and_build_them_as_processes_do():
     try:
         b = wide_batch(0, rows=64)
         halves = [(0, 32), (32, 64)]
-        tickets = workers.submit_parts(rowfns.affine, rows_of(b), policy_of({}), None, halves)
+        tickets = workers.submit_parts(rowfns.affine, rows_of(b), RAISE, None, halves)
         for t in tickets:
             out, errors = t.result()
             start, stop = t.part

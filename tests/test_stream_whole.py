@@ -678,7 +678,7 @@ def hold_row_one_until(path: str, row: torch.Tensor) -> torch.Tensor:
 def test_a_batch_goes_to_the_worker_that_is_free_even_before_its_reply_is_read(tmp_path):
     import functools
 
-    from prep._whole import policy_of
+    from prep._policy import RAISE
     from prep.executors._batches import ProcessBatches
 
     release = tmp_path / "release"
@@ -686,7 +686,7 @@ def test_a_batch_goes_to_the_worker_that_is_free_even_before_its_reply_is_read(t
     workers = ProcessBatches(2)
     try:
         key = workers.prepare(fn)
-        policy = policy_of({})
+        policy = RAISE
         held = workers.submit(key, prep._rows.rows_of(torch.ones(2, 1)), policy, None)
         quick = workers.submit(key, prep._rows.rows_of(torch.zeros(2, 1)), policy, None)
         assert held.lane is not quick.lane

@@ -31,14 +31,17 @@ from torch import Tensor
 
 from .._checks import call_problem, check_device, signature, takes_keyword
 from .._imports import load_callable
+from .._options import Options
+from .._policy import ON_ERROR
 from ..errors import ConfigError, ShardError
 from ..registry import executor_class
 from .shards import FORMATS, load_shard
 
 __all__ = ["ROW_ERRORS", "RunConfig", "load_fn"]
 
-#: what a row the function raises on does: fail its shard, be filled, be left out
-ROW_ERRORS = ("raise", "fill", "skip")
+#: what a row the function raises on does: fail its shard, be filled, be left out (the
+#: choices of map_rows' on_error=, whose names --on-row-error takes)
+ROW_ERRORS = ON_ERROR
 
 
 @dataclass(frozen=True)
@@ -92,21 +95,23 @@ class RunConfig:
         """Whether rows may differ in size (and lengths are saved)."""
         return self.pad is not None or self.pad_to is not None
 
-    def row_options(self) -> dict[str, Any]:
-        """The keywords of ``map_rows`` for the row-level options (none by default)."""
-        options: dict[str, Any] = {}
+    def row_options(self) -> Options:
+        """The options of ``map_rows`` for the row-level options (the defaults but
+        ``device``, by default), with what each shard saves asked back: lengths under
+        ``--pad``, the valid mask and errors under ``--on-row-error fill|skip``."""
+        given: dict[str, Any] = {}
         if self.padded:
-            options.update(pad=self.pad, pad_to=self.pad_to, return_lengths=True)
+            given.update(pad=self.pad, pad_to=self.pad_to, return_lengths=True)
         if self.on_row_error != "raise":
-            options.update(
+            given.update(
                 on_error=self.on_row_error, fill=self.fill, return_valid=True, return_errors=True
             )
-        return options
+        return Options(device=self.device, **given)
 
     def unpack(self, result: Any) -> tuple[Any, Any, Tensor | None, dict[int, BaseException]]:
         """``map_rows``'s answer to :meth:`row_options` as (output, lengths or None, valid
         mask or None, the failed rows' errors)."""
-        if not self.row_options():
+        if not self.padded and self.on_row_error == "raise":
             return result, None, None, {}
         out, *extra = result
         lengths = extra.pop(0) if self.padded else None

@@ -34,13 +34,13 @@ from typing import Any
 
 import torch
 
-from ..api import map_rows
+from .._rows import rows_of
 from ..errors import ConfigError
 from ..executors import available_cores, in_worker_process, threads_per_worker
 from ..executors._batches import ProcessBatches
 from ..executors._spawn import fork_is_safe, server_running, start_costs, warm_up
 from ..executors._ticket import Ticket
-from ..pool import Pool
+from ..pool import SHARED, Pool
 from .config import RunConfig
 from .plan import Forms, ShardFigures, ShardPlan, decide, measure
 from .shards import find_shards, load_shard
@@ -313,11 +313,12 @@ def first_shard_figures(
             fn = functools.partial(fn, state=setup())
         # the rows' options, but only the output: a row failing under fill/skip is filled
         # or left out as in the run, and the forms are compared on what they computed
-        keep = ("pad", "pad_to", "on_error", "fill")
-        options = {k: v for k, v in config.row_options().items() if k in keep}
+        options = config.row_options().with_(
+            device=None, return_lengths=False, return_valid=False, return_errors=False
+        )
 
         def run(executor: str, k: int) -> Any:
-            return map_rows(fn, _head(batch, k), executor=executor, workers=1, **options)
+            return SHARED.pool(executor, 1).run(fn, rows_of(_head(batch, k)), options)
 
         names = IN_WORKER if config.executor == "auto" else (config.executor,)
         forms = measure(run, n, workers, names)

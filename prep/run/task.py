@@ -26,10 +26,11 @@ import torch
 from torch import Tensor
 
 from .._explanation import Explanation
+from .._rows import rows_of
 from .._version import __version__
-from ..api import explain, map_rows
+from ..api import explain
 from ..errors import Cancelled, RowError, ShardError
-from ..pool import Pool
+from ..pool import SHARED, Pool
 from .config import RunConfig
 from .manifest import SCHEMA
 from .rows import failed_rows, with_lengths
@@ -187,12 +188,9 @@ def _map(
     """``map_rows`` on the shard, through ``pool`` if there is one, with the row options."""
     options = config.row_options()
     try:
-        if pool is not None:
-            return pool.map_rows(fn, batch, **options)
-        return map_rows(
-            fn, batch, executor=config.executor, workers=config.workers, device=config.device,
-            setup=config.setup_fn(), **options,
-        )  # fmt: skip
+        if pool is None:
+            pool = SHARED.pool(config.executor, config.workers, config.setup_fn())
+        return pool.run(fn, rows_of(batch), options)
     except RowError as exc:
         if config.on_row_error == "raise":
             raise
@@ -245,11 +243,11 @@ def explain_first_shard(
     if rows == 0:
         raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
     fn = config.bound_fn()
-    options = config.row_options()
-    if not options and not config.setup:
+    options = config.row_options().with_(device=None)
+    if options.policy.plain and not config.setup:
         return first, explain(fn, batch, workers=config.workers)
     with Pool("auto", config.workers, setup=config.setup_fn()) as pool:
-        pool.map_rows(fn, batch, **options)
+        pool.run(fn, rows_of(batch), options)
         return first, pool.explain()
 
 
