@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from . import executors, ops
 from ._explanation import Explanation
-from ._rowwise import rowwise
 from ._system import info
 from ._version import __version__
 from .api import explain, map_rows, map_samples, shutdown
 from .auto.wisdom import forget
 from .collate import Collate
+from .core.rowwise import rowwise
 from .errors import (
     BatchTimeout,
     ConfigError,

@@ -14,16 +14,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._options import Options, Returns
-from ._output import Output, Result
-from ._padding import given_padded
-from ._policy import Failures, Policy
 from ._progress import RowProgress
-from ._rows import Rows
-from ._trust import check_named
+from .core.options import Options, Returns
+from .core.output import Output, Result
+from .core.padding import given_padded
+from .core.policy import Failures, Policy
+from .core.rows import Rows
+from .core.trust import check_named
 from .errors import ConfigError, RowError
-from .executors import Executor, Job
-from .executors._base import copy_rows
+from .executors import Executor, Job, copy_rows
 
 
 def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:

@@ -1,5 +1,5 @@
 """Things a pool makes by name on first use and keeps until it closes: its
-executors (``_warm``), its streams' whole-batch workers (``_streams``)."""
+executors (``_warm``)."""
 
 from __future__ import annotations
 

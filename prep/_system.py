@@ -9,8 +9,7 @@ from typing import Any
 import torch
 
 from ._version import __version__
-from .executors import available_cores, threads_per_worker
-from .executors._spawn import start_method
+from .executors import available_cores, start_method, threads_per_worker
 from .executors.processes import shm_free
 
 

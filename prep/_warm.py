@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ._batch import run
-from ._checks import check_fn, check_row_call
 from ._kept import Kept
-from ._options import Options
-from ._policy import ResultCheck
-from ._rows import Rows
-from ._state import WithState
+from .core.checks import check_fn, check_row_call
+from .core.options import Options
+from .core.policy import ResultCheck
+from .core.rows import Rows
+from .core.state import WithState
 from .executors import Executor
 from .registry import make
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._checks import check_fn
 from ._explanation import Explanation
-from ._options import CallOptions, Options
-from ._rows import Rows, rows_of, samples_of
 from .auto import Calibrator, Sample
+from .core.checks import check_fn
+from .core.options import CallOptions, Options
+from .core.rows import Rows, rows_of, samples_of
 from .executors import Job, in_worker_process, resolve_workers
 from .pool import SHARED
 from .registry import AUTO
@@ -58,7 +58,7 @@ def map_rows(
     picks the executor it predicts fastest (see :func:`explain`). Pools stay warm
     between calls (see :func:`shutdown`); ``workers=None`` is one per core.
 
-    The options (:class:`~prep._options.Options`): ``out=`` is filled and returned
+    The options (:class:`~prep.core.options.Options`): ``out=`` is filled and returned
     instead of allocating; ``device=`` is where the result lands (from pinned
     memory, ``non_blocking``, for CUDA); ``timeout=`` seconds for the batch.
     Ragged rows: with ``pad=`` (a number, or one per result like ``{"ids": 0,

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._checks import call_problem, describe_callable
-from ._options import CallOptions, Options
-from ._output import Result, flatten
-from ._rows import Rows, rows_of, samples_of
 from ._warn import warn
+from .core.checks import call_problem, describe_callable
+from .core.options import CallOptions, Options
+from .core.output import Result, flatten
+from .core.rows import Rows, rows_of, samples_of
 from .errors import ConfigError
 from .executors import available_cores, in_worker_process, resolve_workers
 from .pool import Pool

@@ -16,17 +16,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._explanation import Explanation
-from ._options import DEFAULT, CallOptions, Options
-from ._rows import Rows, rows_of, samples_of
-from ._state import Binder
-from ._stream import Stream
-from ._streams import Streams
 from ._warm import Warm, run_batch
 from ._warn import Site, pointing_at, warn
 from .auto import AutoExecutor, Calibration
+from .core.options import DEFAULT, CallOptions, Options
+from .core.rows import Rows, rows_of, samples_of
+from .core.state import Binder
 from .errors import ConfigError
 from .executors import Executor, in_worker_process, resolve_workers
 from .registry import AUTO, executor_class
+from .stream.stream import Stream
+from .stream.streams import Streams
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -115,8 +115,8 @@ class Pool:
 
     def run(self, fn: Callable[..., Any], rows: Rows, options: Options = DEFAULT) -> Any:
         """The typed form of :meth:`map_rows`: ``rows`` already split
-        (``prep._rows.rows_of``/``samples_of``), ``options`` already checked
-        (``prep._options.Options``, used as given: the pool's defaults are not applied)."""
+        (``prep.core.rows.rows_of``/``samples_of``), ``options`` already checked
+        (``prep.core.options.Options``, used as given: the pool's defaults are not applied)."""
         ex = self._get(runnable_here(self.executor))
         if self._binder is not None:
             fn = self._binder.bind(fn)

@@ -593,7 +593,7 @@ class InProcessPool(prep.executors.Executor):
 
 @pytest.mark.skipif(not TWO_CORES, reason="processes are left out on one core")
 def test_auto_starts_and_runs_any_executor_through_the_contract(monkeypatch):
-    from prep._rows import rows_of
+    from prep.core.rows import rows_of
     from prep.executors import REGISTRY, Job
 
     clock = [0.0]

@@ -383,9 +383,9 @@ def test_chunks_back_out_of_order_keep_the_lowest_good_rows_reference():
     """Under processes a worker checks its rows against its own first good one; the
     parent then keeps serial's reference, the lowest good row, whatever chunk comes
     back first: here rows 4-7 return float64 and come back before rows 0-3."""
-    from prep._output import Output
-    from prep._policy import Policy, ResultCheck
-    from prep._rows import rows_of
+    from prep.core.output import Output
+    from prep.core.policy import Policy, ResultCheck
+    from prep.core.rows import rows_of
     from prep.executors import Job
     from prep.executors._chunks import ChunkMerge
 
@@ -481,8 +481,8 @@ def test_rows_failed_against_a_reference_a_chunk_set_travel_back_with_their_resu
     # send their results back, so that they are written once the reference changes
     import pickle
 
-    from prep._output import Output
-    from prep._policy import ResultCheck
+    from prep.core.output import Output
+    from prep.core.policy import ResultCheck
 
     check = ResultCheck(padded=False)
     chunk = Output.allocate(torch.zeros(1, dtype=torch.float64), 8, row=8, offset=8)

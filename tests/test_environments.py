@@ -69,9 +69,9 @@ def auto_until_processes(fn, batch, want, most=8):
     import os
     import tempfile
 
-    from prep._policy import RAISE
-    from prep._rows import rows_of
     from prep.auto import wisdom
+    from prep.core.policy import RAISE
+    from prep.core.rows import rows_of
 
     before = os.environ.get(wisdom.ENV)
     os.environ[wisdom.ENV] = os.path.join(tempfile.mkdtemp(), "wisdom.json")

@@ -238,7 +238,7 @@ def test_a_worker_that_died_while_idle_is_replaced(no_leaks):
     x = torch.arange(8.0).view(8, 1)
     with prep.Pool("processes", workers=2) as pool:
         pool.map_rows(rowfns.affine, x)
-        worker = pool._get("processes").batches._lanes[0].worker
+        worker = pool._get("processes").batches._lanes.all[0].worker
         os.kill(worker.proc.pid, signal.SIGKILL)
         # the parent learns of the death from the forkserver a moment after the kill
         assert wait_until(lambda: not worker.proc.is_alive(), 10)

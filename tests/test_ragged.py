@@ -333,7 +333,7 @@ def test_out_elsewhere_keeps_pad_and_lengths():
 
 
 def _held_output(rows: list[torch.Tensor], *, shared: bool = False):
-    from prep._padding import Padding, allocate
+    from prep.core.padding import Padding, allocate
 
     return allocate(rows[0], len(rows), padding=Padding(pad=-1), shared=shared)
 

@@ -1,4 +1,4 @@
-"""Streams of batches (prep._stream.Stream, behind ``Pool.imap``): order, overlap, bounds,
+"""Streams of batches (prep.stream.stream.Stream, behind ``Pool.imap``): order, overlap, bounds,
 errors and stopping, checked by events and counters, never by how fast this machine is.
 
 Every test runs real pools; ``call`` is what ``Pool.imap`` passes, ``pool.map_rows``
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import prep
-from prep._stream import THREAD_NAME, Ran, Stream
+from prep.stream.stream import THREAD_NAME, Ran, Stream
 from tests import rowfns
 from tests.conftest import wait_until
 
@@ -357,7 +357,7 @@ CTRL_C = """
     import os, signal, sys, threading, time
     sys.path.insert(0, {root!r})
     import torch, prep
-    from prep._stream import THREAD_NAME, Stream
+    from prep.stream.stream import THREAD_NAME, Stream
 
     def producers():
         return [t for t in threading.enumerate() if t.name == THREAD_NAME]

@@ -1,5 +1,5 @@
 """A stream of ``processes`` or ``threads`` splits each batch into parts on the
-stream's workers, several batches in flight (``prep._parts``): what that adds to the mechanics
+stream's workers, several batches in flight (``prep.stream.parts``): what that adds to the mechanics
 ``test_stream_whole`` checks for every way with batches in flight (order, values
 against serial, bounds, errors, crashes, timeouts, stopping, Ctrl-C).
 
@@ -15,12 +15,12 @@ import pytest
 import torch
 
 import prep
-from prep._output import Output
-from prep._parts import DeliveredParts
-from prep._policy import RAISE
-from prep._rows import rows_of
-from prep._strategy import StrategyPlan
+from prep.core.output import Output
+from prep.core.policy import RAISE
+from prep.core.rows import rows_of
 from prep.executors._batches import ProcessBatches
+from prep.stream.parts import DeliveredParts
+from prep.stream.strategy import StrategyPlan
 from tests import rowfns
 
 #: rows wide enough that a batch's output is shared, not copied into the message

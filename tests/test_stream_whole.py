@@ -1,5 +1,5 @@
 """Streams with several batches in flight: whole batches per worker (``strategy='whole'``),
-and ``auto``'s choice between that and splitting each batch (``prep._strategy``).
+and ``auto``'s choice between that and splitting each batch (``prep.stream.strategy``).
 
 Mechanics only, never speed: order, values against serial bit for bit, bounds,
 errors, crashes, timeouts and stopping, each bounded by a timeout and waiting on
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import prep
-from prep._strategy import (
+from prep.stream.strategy import (
     StrategyFigures,
     StrategyPlan,
     check_strategy,
@@ -32,7 +32,7 @@ from prep._strategy import (
     choose_strategy,
     together,
 )
-from prep._stream import THREAD_NAME
+from prep.stream.stream import THREAD_NAME
 from tests import rowfns, statefns
 from tests.conftest import pool_children, wait_until
 
@@ -52,7 +52,7 @@ WAYS = [
 ]
 WHOLE = [("threads", "whole"), ("processes", "whole")]
 #: every way with several batches in flight: whole batches, and a split into parts on
-#: the stream's workers (``prep._parts``)
+#: the stream's workers (``prep.stream.parts``)
 IN_FLIGHT = [*WHOLE, ("processes", "split"), ("threads", "split")]
 
 
@@ -678,7 +678,7 @@ def hold_row_one_until(path: str, row: torch.Tensor) -> torch.Tensor:
 def test_a_batch_goes_to_the_worker_that_is_free_even_before_its_reply_is_read(tmp_path):
     import functools
 
-    from prep._policy import RAISE
+    from prep.core.policy import RAISE
     from prep.executors._batches import ProcessBatches
 
     release = tmp_path / "release"
@@ -687,12 +687,12 @@ def test_a_batch_goes_to_the_worker_that_is_free_even_before_its_reply_is_read(t
     try:
         key = workers.prepare(fn)
         policy = RAISE
-        held = workers.submit(key, prep._rows.rows_of(torch.ones(2, 1)), policy, None)
-        quick = workers.submit(key, prep._rows.rows_of(torch.zeros(2, 1)), policy, None)
+        held = workers.submit(key, prep.core.rows.rows_of(torch.ones(2, 1)), policy, None)
+        quick = workers.submit(key, prep.core.rows.rows_of(torch.zeros(2, 1)), policy, None)
         assert held.lane is not quick.lane
         # the quick batch's reply waits in its pipe, unread: its worker is free all the same
         assert wait_until(lambda: quick.lane.worker.conn.poll())
-        after = workers.submit(key, prep._rows.rows_of(torch.full((2, 1), 3.0)), policy, None)
+        after = workers.submit(key, prep.core.rows.rows_of(torch.full((2, 1), 3.0)), policy, None)
         assert after.wait(60) and not held.done()  # it did not queue behind the held batch
         assert torch.equal(after.result()[0].buffers[0], torch.full((2, 1), 6.0))
     finally:

@@ -1,4 +1,4 @@
-"""Serial is the reference (prep._trust): an executor whose rows differ from serial's,
+"""Serial is the reference (prep.core.trust): an executor whose rows differ from serial's,
 a twin that disagrees with its row function, a row function that writes into its
 input. auto never returns other values than serial; a named executor warns once."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import prep
-from prep._trust import Probe, same
 from prep.auto import wisdom
+from prep.core.trust import Probe, same
 from prep.executors import _spawn
 
 from . import trustfns
@@ -40,9 +40,9 @@ def remembered(tmp_path, monkeypatch):
     monkeypatch.setenv(wisdom.ENV, str(tmp_path / "wisdom.json"))
 
     def write(fn, batch, choice, workers=2, **figures):
-        rows = prep._rows.rows_of(batch) if isinstance(batch, torch.Tensor) else None
-        rows = rows or prep._rows.SampleRows(list(batch))
-        from prep._policy import RAISE
+        rows = prep.core.rows.rows_of(batch) if isinstance(batch, torch.Tensor) else None
+        rows = rows or prep.core.rows.SampleRows(list(batch))
+        from prep.core.policy import RAISE
 
         key = wisdom.key(fn, rows.layout(), len(rows), workers, (False, repr(RAISE)))
         assert key is not None, f"{fn} has no wisdom key"
@@ -55,14 +55,14 @@ def remembered(tmp_path, monkeypatch):
 
 
 def test_a_probe_sees_a_row_function_write_into_its_input():
-    rows = prep._rows.rows_of(torch.zeros(4, 3))
+    rows = prep.core.rows.rows_of(torch.zeros(4, 3))
     assert Probe.take(trustfns.in_place, rows).writes_input() == 0
     assert Probe.take(trustfns.doubled, rows).writes_input() is None
     assert torch.equal(rows.columns[0], torch.zeros(4, 3))  # the probe works on copies
 
 
 def test_a_probe_tells_a_random_function_from_a_deterministic_one():
-    rows = prep._rows.rows_of(torch.zeros(4, 3))
+    rows = prep.core.rows.rows_of(torch.zeros(4, 3))
     assert not Probe.take(trustfns.noisy, rows).deterministic()
     assert Probe.take(trustfns.doubled, rows).deterministic()
 
@@ -226,7 +226,7 @@ def test_auto_keeps_a_function_that_writes_its_input_in_this_process(remembered,
 
 
 def test_a_fresh_lambda_of_the_same_code_each_batch_is_checked_once(monkeypatch):
-    import prep._trust as trust
+    import prep.core.trust as trust
 
     probes = []
     real = trust.Probe.take

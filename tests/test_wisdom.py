@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import prep
-from prep._policy import RAISE
-from prep._rows import rows_of
 from prep.auto import wisdom
+from prep.core.policy import RAISE
+from prep.core.rows import rows_of
 
 from . import wisdomfns
 
@@ -56,8 +56,8 @@ def python(code: str, path: Path, timeout: float = 90) -> str:
 def test_the_key_is_the_same_in_another_interpreter(file):
     code = """
         import torch
-        from prep._policy import RAISE
-        from prep._rows import rows_of
+        from prep.core.policy import RAISE
+        from prep.core.rows import rows_of
         from prep.auto import wisdom
         from tests import wisdomfns
         rows = rows_of(torch.ones(64, 3))
@@ -101,7 +101,7 @@ class _Scale:
 
 
 def test_one_key_in_the_process_by_code_where_it_can_by_object_where_it_cannot():
-    from prep._identity import identity, key
+    from prep.core.identity import identity, key
 
     def make(scale):
         return lambda r: r * scale

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from .._output import Output, flatten
-from .._rowwise import twin_of
-from .._trust import same
+from ..core.output import Output, flatten
+from ..core.rowwise import twin_of
+from ..core.trust import same
 from ._sample import Sample
 
 #: seconds of serial work for a whole batch below which vmap is not tried: a first

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .._rowwise import twin_of
+from ..core.rowwise import twin_of
 from ..executors import REGISTRY, Job
 from . import wisdom
 from ._decisions import Decisions

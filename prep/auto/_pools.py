@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..executors import Executor
-from ..executors._base import BLOCK
+from ..executors import BLOCK, Executor
 from ._sample import Sample
 
 #: seconds of serial work below which worker processes are not even considered

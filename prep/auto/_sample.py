@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .._output import Output
-from .._rows import Rows
+from ..core.output import Output
+from ..core.rows import Rows
 from ..errors import ExecutorUnavailable
-from ..executors._base import BLOCK, Executor, Job, available_cores
+from ..executors import BLOCK, Executor, Job, available_cores
 from .calibration import Calibration
 
 #: calibration stops adding serial rows once this much time was spent

@@ -9,7 +9,7 @@ goes through the executor contract (:class:`~prep.executors.Executor`'s
 
 Before the workers are used for a function, they must have loaded it; the first
 batch they run is then compared, on a few rows, with serial's results here
-(:mod:`prep._trust`), since another interpreter's ``hash()``, module globals and
+(:mod:`prep.core.trust`), since another interpreter's ``hash()``, module globals and
 RNG can differ from this one's: on a difference the batch runs again in this
 process and processes are dropped. A function that writes into its input rows
 is kept in this process, where the write lands as it does under serial.
@@ -20,8 +20,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from .._state import setup_seconds
-from .._trust import Probe, mismatch_reason, writes_input
+from ..core.state import setup_seconds
+from ..core.trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
 from ..executors import Executor, Job
 from ._decisions import Decisions

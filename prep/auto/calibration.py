@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._identity import key
-from .._rows import Rows
+from ..core.identity import key
+from ..core.rows import Rows
 from ._explain import CalibrationText
 from ._figures import Figures
 

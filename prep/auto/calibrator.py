@@ -46,7 +46,7 @@ every batch it runs and lets the measured figures decide.
 
 from __future__ import annotations
 
-from .._rowwise import twin_of
+from ..core.rowwise import twin_of
 from ._batched import BatchedForms
 from ._decisions import Decisions
 from ._pools import PoolEstimates

@@ -24,9 +24,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._output import Output
-from .._rowwise import twin_of
 from .._warn import warn
+from ..core.output import Output
+from ..core.rowwise import twin_of
 from ..errors import ExecutorUnavailable
 from ..executors import REGISTRY, Executor, Job, in_worker_process
 from ._decisions import Decisions

@@ -7,7 +7,7 @@ executor's figure (seconds a batch) to a small JSON file, and a later
 interpreter with the same key starts on that choice from its first call. It
 still times every batch and re-decides when the figures run off, so a stale
 entry costs a few batches, never a wrong result: the checks that rows computed
-elsewhere equal serial's (:mod:`prep._trust`) run in every interpreter.
+elsewhere equal serial's (:mod:`prep.core.trust`) run in every interpreter.
 
 The key covers everything that changes the answer:
 
@@ -49,9 +49,9 @@ from typing import Any
 
 import torch
 
-from .._identity import identity
 from .._version import __version__
-from ..executors._base import available_cores
+from ..core.identity import identity
+from ..executors import available_cores
 
 __all__ = ["ENV", "flush", "forget", "key", "location", "recall", "remember", "remember_later"]
 

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from .. import api
-from .._rowwise import twin_of
 from .._system import info
+from ..core.rowwise import twin_of
 from ..pool import Pool
 from .baselines import loop_stack, plain_joblib
 from .cell_text import group_line

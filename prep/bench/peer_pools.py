@@ -39,8 +39,7 @@ from typing import Any
 
 import torch
 
-from ..executors import available_cores
-from ..executors._transport import shm_fits, shm_free
+from ..executors import available_cores, shm_fits, shm_free
 from .baselines import rows_of_batch, stack
 from .verify import leaves
 

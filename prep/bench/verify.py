@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._output import flatten
+from ..core.output import flatten
 from ..errors import VmapUnsupported
 
 #: refusals that are expected, not findings: a cell with one is skipped, with the reason

@@ -65,6 +65,7 @@ def configure_run(p: argparse.ArgumentParser) -> None:
     )
     _configure_run_rows(p.add_argument_group("rows that differ in size, or fail"))
     _configure_run_how(p)
+    _configure_run_after(p)
 
 
 def _configure_run_rows(g: argparse._ArgumentGroup) -> None:
@@ -106,7 +107,7 @@ def _configure_run_rows(g: argparse._ArgumentGroup) -> None:
 
 
 def _configure_run_how(p: argparse.ArgumentParser) -> None:
-    """How ``prep run`` works: executor, slots, device, resume, errors, cluster, output."""
+    """How ``prep run`` runs its shards: whole or by rows, executor, workers, jobs, device."""
     p.add_argument(
         "--parallel",
         choices=PARALLEL,
@@ -146,6 +147,10 @@ def _configure_run_how(p: argparse.ArgumentParser) -> None:
         help="where the function runs, e.g. cuda: each shard's tensors are moved there "
         "(outputs are saved from the CPU)",
     )
+
+
+def _configure_run_after(p: argparse.ArgumentParser) -> None:
+    """What ``prep run`` does after a stop or a failure, where it runs, what it says."""
     p.add_argument("--resume", action="store_true", help="skip the shards the manifest proves done")
     p.add_argument(
         "--on-error",

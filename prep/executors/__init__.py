@@ -1,18 +1,33 @@
-"""The concrete executors, by name: a name -> class table, never an if/elif on names.
+"""The concrete executors, by name: a name -> class table, never an if/elif on names;
+and the workers they run on, which streams and ``prep run`` submit to as well
+(``ProcessBatches``, ``ThreadBatches``: ``submit -> Ticket``).
 
 ``auto``, which measures these and runs one of them, sits a layer above them; the
-table of every executor a user can name, auto included, is :mod:`prep.registry`."""
+table of every executor a user can name, auto included, is :mod:`prep.registry`.
+What this package exports is all that other packages may import of it: its
+private modules are its own (``.importlinter`` holds every package to that)."""
 
 from __future__ import annotations
 
 from ._base import (
+    BLOCK,
     Executor,
     Job,
     available_cores,
+    copy_rows,
+    first_error,
     in_worker_process,
     resolve_workers,
+    split,
     threads_per_worker,
 )
+from ._batch_threads import ThreadBatches
+from ._batches import ProcessBatches
+from ._chunks import ChunkMerge
+from ._fdpipe import INLINE
+from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
+from ._ticket import Ticket
+from ._transport import shm_fits, shm_free
 from .joblib_loky import JoblibExecutor
 from .processes import ProcessExecutor
 from .serial import SerialExecutor
@@ -33,11 +48,27 @@ REGISTRY: dict[str, type[Executor]] = {
 
 
 __all__ = [
+    "BLOCK",
+    "INLINE",
     "REGISTRY",
+    "ChunkMerge",
     "Executor",
     "Job",
+    "ProcessBatches",
+    "ThreadBatches",
+    "Ticket",
     "available_cores",
+    "copy_rows",
+    "first_error",
+    "fork_is_safe",
     "in_worker_process",
     "resolve_workers",
+    "server_running",
+    "shm_fits",
+    "shm_free",
+    "split",
+    "start_costs",
+    "start_method",
     "threads_per_worker",
+    "warm_up",
 ]

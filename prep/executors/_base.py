@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from .._output import Output
-from .._policy import RAISE, Policy
-from .._rows import Rows
-from .._sink import Sink
+from ..core.output import Output
+from ..core.policy import RAISE, Policy
+from ..core.rows import Rows
+from ..core.sink import Sink
 from ..errors import BatchTimeout, ConfigError, RowError, SetupError
 from ._daemons import on_intra_op_threads
 
@@ -112,7 +112,7 @@ class Deadline:
 @dataclass
 class Job:
     """One batch: run ``fn`` on rows ``start:`` of ``rows``, each result into ``sink``
-    (:class:`~prep._sink.Sink`: the output, the failed rows, progress).
+    (:class:`~prep.core.sink.Sink`: the output, the failed rows, progress).
 
     Rows before ``start`` are already in the output (auto computed them while it
     measured). An executor runs the rest and never moves ``start``; whoever runs

@@ -17,9 +17,9 @@ import threading
 import time
 from typing import Any
 
-from .._output import Output
-from .._policy import Policy
-from .._rows import Rows
+from ..core.output import Output
+from ..core.policy import Policy
+from ..core.rows import Rows
 from ._base import Job, threads_per_worker
 from ._daemons import DaemonThreads, own_intra_op_threads
 from ._ticket import Ticket, value_of
@@ -55,7 +55,7 @@ class _Thread(threading.Thread):
 def _build(ticket: Ticket) -> None:
     """The whole batch, serially, in this thread; its value or error into the ticket."""
     ticket.started = time.monotonic()
-    if ticket.part is not None:
+    if ticket.kind == "part":
         _build_part(ticket)
         return
     job = Job.new(ticket.fn, ticket.rows, timeout=ticket.timeout, policy=ticket.policy)
@@ -72,8 +72,8 @@ def _build(ticket: Ticket) -> None:
 def _build_part(ticket: Ticket) -> None:
     """A part of a batch, replied as a worker process replies (``Ticket.reply``): its
     rows as a chunk of the batch, or written into the batch's output (``into``)."""
-    assert ticket.part is not None and ticket.started is not None
-    start, stop = ticket.part
+    assert ticket.started is not None
+    start, stop = ticket.bounds()
     with ticket.modes():  # the caller's grad and inference modes
         if ticket.into is not None:
             reply = write_rows(ticket.fn, ticket.rows, ticket.into, start, stop, live=True)

@@ -3,7 +3,7 @@
 Where rows may differ in size or fail on their own (``pad=``, ``on_error=``), a
 worker builds its rows into a chunk of its own, and the parent merges the
 chunks: ``processes``' ranges (``_dispatch``), ``joblib``'s tasks and a stream's
-parts (``prep._parts``). Under ``on_error='fill'``/``'skip'`` a worker checks its
+parts (``prep.stream.parts``). Under ``on_error='fill'``/``'skip'`` a worker checks its
 rows against its own chunk's first row, having no other; the batch's reference
 is the first row of the lowest chunk (:meth:`ResultCheck.admit`), so the parent
 may refuse a chunk that disagrees with it, take it in after all once a lower
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .._output import Output
-from .._policy import ResultCheck
+from ..core.output import Output
+from ..core.policy import ResultCheck
 from ..errors import RowError, StackError
 from ._base import Job
 from ._worker import error_from_reply

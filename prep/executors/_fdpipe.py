@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._output import shared_empty
+from ..core.output import shared_empty
 
 __all__ = ["recv", "send"]
 

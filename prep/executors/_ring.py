@@ -15,8 +15,8 @@ from collections import deque
 
 import torch
 
-from .._output import shared_empty
-from .._rows import Rows, TensorRows
+from ..core.output import shared_empty
+from ..core.rows import Rows, TensorRows
 from . import _fdpipe
 from ._transport import check_shm
 

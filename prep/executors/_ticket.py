@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from .._output import Output
-from .._policy import Policy
-from .._rows import Rows
+from ..core.output import Output
+from ..core.policy import Policy
+from ..core.rows import Rows
 from ..errors import BatchTimeout, FunctionLoadError, PrepError, RowError, WorkerCrashed
 from . import _worker
 from ._transport import describe_fn
@@ -50,7 +50,9 @@ class Ticket:
         # and what it works on, for errors ("the shard data/a.pt"); None for rows
         self.args: tuple[Any, ...] | None = None
         self.what = ""
-        self.kind = "rows"  # "rows" (a batch or a part), "call", or "load" (the function alone)
+        # "rows" (a whole batch), "part" (rows of a batch, replied as a chunk or written
+        # into ``into``; every row of it where ``part`` is None), "call", or "load"
+        self.kind = "rows"
         # the caller's autograd modes (grad, inference) when it submitted: a thread builds
         # under them, as serial would in the caller's own thread
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
@@ -72,8 +74,13 @@ class Ticket:
         """Rows ``bounds`` of a batch (``wire``: its rows as sent), for a worker to build
         as a chunk of that batch under ``key``'s function."""
         start, stop = bounds
+        if (start, stop) == (0, len(rows)):  # every row: the whole batch, as it is
+            ticket = cls(owner, rows, policy, timeout)
+            ticket.key, ticket.wire, ticket.kind = key, wire, "part"
+            return ticket
         ticket = cls(owner, rows.window(start, stop), policy, timeout)
         ticket.key, ticket.part, ticket.wire = key, bounds, wire.window(start, stop)
+        ticket.kind = "part"
         return ticket
 
     @classmethod
@@ -144,6 +151,11 @@ class Ticket:
         if self.timeout is None or self.started is None:
             return None
         return self.timeout - (now - self.started)
+
+    def bounds(self) -> tuple[int, int]:
+        """The rows it holds, in batch row numbers."""
+        start = self.rows.offset if self.part is None else self.part[0]
+        return (start, start + len(self.rows))
 
     def describe(self) -> str:
         """What it holds, for an error: "the batch of 64 rows", or "rows 32-63 of a batch"."""

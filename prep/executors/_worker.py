@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from .._output import Output
-from .._policy import RAISE, Policy, ResultCheck
-from .._rows import Rows
+from ..core.output import Output
+from ..core.policy import RAISE, Policy, ResultCheck
+from ..core.rows import Rows
 from ..errors import RemoteTraceback, RowError, SetupError
 from ._base import BLOCK, Job
 

@@ -19,8 +19,8 @@ import re
 import time
 from typing import Any
 
-from .._output import Output
-from .._policy import ResultCheck
+from ..core.output import Output
+from ..core.policy import ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker

@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from .._output import Output
-from .._rows import TensorRows
+from ..core.output import Output
+from ..core.rows import TensorRows
 from ..errors import (
     BatchTimeout,
     ConfigError,
@@ -256,8 +256,8 @@ class ProcessExecutor(Executor):
                     if not (ticket.crashed and job.policy.per_row_errors):
                         errors.append(exc)
                         continue
-                    assert ticket.part is not None, "a batch's rows travel as parts"
-                    again = isolation.lost(ticket.part, f"worker pid {exc.pid}", _how(exc))
+                    held = ticket.bounds()
+                    again = isolation.lost(held, f"worker pid {exc.pid}", _how(exc))
                     pending += self._submit(job, key, again, into)
                     continue
                 except Exception as exc:  # a row's, the deadline's: the lowest row's wins

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._output import Output
+from ..core.output import Output
 from ._base import Executor, Job
 
 

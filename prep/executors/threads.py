@@ -23,7 +23,7 @@ place.
 
 from __future__ import annotations
 
-from .._output import Output
+from ..core.output import Output
 from ._base import Executor, Job, first_error, split, threads_per_worker
 from ._batch_threads import ThreadBatches
 from ._chunks import ChunkMerge

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from .._output import Output, flatten
-from .._policy import Policy
-from .._rows import TensorRows
-from .._rowwise import twin_of
+from ..core.output import Output, flatten
+from ..core.policy import Policy
+from ..core.rows import TensorRows
+from ..core.rowwise import twin_of
 from ..errors import ConfigError, PrepError, VmapUnsupported
 from ._base import Executor, Job
 

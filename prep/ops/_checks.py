@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .._pad_options import Number
+from ..core.pad_options import Number
 
 Side = Literal["left", "right"]
 

@@ -45,7 +45,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._rowwise import rowwise
+from ..core.rowwise import rowwise
 from ._checks import (
     Number,
     Side,

@@ -29,10 +29,10 @@ from typing import Any
 
 from torch import Tensor
 
-from .._checks import call_problem, check_device, signature, takes_keyword
 from .._imports import load_callable
-from .._options import Options
-from .._policy import ON_ERROR
+from ..core.checks import call_problem, check_device, signature, takes_keyword
+from ..core.options import Options
+from ..core.policy import ON_ERROR
 from ..errors import ConfigError, ShardError
 from ..registry import executor_class
 from .shards import FORMATS, load_shard

@@ -123,18 +123,15 @@ def run_shards(
 ) -> Summary:
     """Process every shard under ``inputs`` into ``out``; returns the :class:`Summary`.
 
-    ``jobs``: shards in flight at once (default: two per worker process with whole
-    shards, 2 with rows spread out; on a cluster, one per worker thread).
-    ``parallel``: ``"shards"`` (whole shards on worker processes), ``"rows"`` (one shard
-    at a time, its rows spread by the config's executor), or ``"auto"``: measured on the
-    first shard (:mod:`prep.run.plan`); ``summary.plan`` says which ran, and why.
-    ``on_error="stop"`` finishes the shards in flight and starts
-    no more after a failed shard; ``"skip"`` goes on (a row the function raises on
-    fails its shard unless ``config.on_row_error`` is ``"fill"`` or ``"skip"``, which
-    keep the shard and record the row in the manifest). ``resume`` skips the shards the
-    manifest proves done. ``cluster``: a Dask scheduler address, or ``"local"``.
-    Ctrl-C (and SIGTERM under :func:`sigterm_raises`) abandons the shards in
-    flight, removes their temporary files and re-raises.
+    ``jobs``: shards in flight (default: 2 a worker process, 2 with rows spread out,
+    1 a Dask worker thread). ``parallel``: ``"shards"`` (whole shards on worker
+    processes), ``"rows"`` (a shard at a time, its rows spread by the config's
+    executor) or ``"auto"`` (:mod:`prep.run.plan`; ``summary.plan`` says which, why). After a failed
+    shard, ``on_error="stop"`` finishes those in flight and starts no more, ``"skip"``
+    goes on (a row the function raises on fails its shard unless
+    ``config.on_row_error`` keeps it). ``resume`` skips the shards the manifest proves
+    done; ``cluster``: a Dask scheduler address, or ``"local"``. Ctrl-C (and SIGTERM,
+    :func:`sigterm_raises`) abandons the shards in flight, and their temporary files.
 
     >>> import tempfile, prep.run
     >>> from prep.run import RunConfig, run_shards
@@ -145,10 +142,9 @@ def run_shards(
     >>> (s.done, s.rows, s.exit_code)
     (2, 16, 0)
     """
-    inputs = list(inputs)
     _check(config, jobs, on_error, parallel)
     folder = Path(out)
-    manifest, todo, summary, stale = _plan(inputs, folder, config, resume)
+    manifest, todo, summary, stale = _plan(list(inputs), folder, config, resume)
     progress = progress or ShardProgress(quiet=True)
     if not todo:  # all done already: no pool or cluster to start
         progress.start(0, summary.skipped, len(stale))

@@ -34,12 +34,19 @@ from typing import Any
 
 import torch
 
-from .._rows import rows_of
+from ..core.rows import rows_of
 from ..errors import ConfigError
-from ..executors import available_cores, in_worker_process, threads_per_worker
-from ..executors._batches import ProcessBatches
-from ..executors._spawn import fork_is_safe, server_running, start_costs, warm_up
-from ..executors._ticket import Ticket
+from ..executors import (
+    ProcessBatches,
+    Ticket,
+    available_cores,
+    fork_is_safe,
+    in_worker_process,
+    server_running,
+    start_costs,
+    threads_per_worker,
+    warm_up,
+)
 from ..pool import SHARED, Pool
 from .config import RunConfig
 from .plan import Forms, ShardFigures, ShardPlan, decide, measure

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .._trust import same
+from ..core.trust import same
 from ..executors import available_cores, threads_per_worker
 
 __all__ = [
@@ -160,7 +160,7 @@ def measure(
     ``k`` rows with executor ``name`` and returns the result. Serial first, and as many
     rows as fit ``_BUDGET`` seconds (a warm-up call first: one-time loads, a cold
     thread pool); every other form on the same rows, kept only where its values equal
-    serial's (:func:`prep._trust.same`). torch's thread count is put back as it was."""
+    serial's (:func:`prep.core.trust.same`). torch's thread count is put back as it was."""
     before = torch.get_num_threads()
     one_thread = threads_per_worker(workers)
     forms = Forms({}, {}, {})

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 
 from .._explanation import Explanation
-from .._rows import rows_of
 from .._version import __version__
 from ..api import explain
+from ..core.rows import rows_of
 from ..errors import Cancelled, RowError, ShardError
 from ..pool import SHARED, Pool
 from .config import RunConfig

@@ -6,7 +6,7 @@ bound to a value without a stable stand-in (a lock, a model object) has none.
 :func:`key` is the function's key within this process: its identity where it has
 one, else the ids of the function and what is bound to it. Every place that asks
 "is this the function I saw?" asks it: auto's choices
-(:func:`prep.auto.calibration.signature`), the checks of :mod:`prep._trust` (a fresh
+(:func:`prep.auto.calibration.signature`), the checks of :mod:`prep.core.trust` (a fresh
 ``functools.partial`` or lambda each batch is still the function already checked);
 auto's wisdom keys its files by :func:`identity` alone, as ids mean nothing in
 another interpreter.
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ._rowwise import unwrap_partial
+from .rowwise import unwrap_partial
 
 __all__ = ["identity", "key"]
 

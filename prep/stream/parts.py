@@ -34,17 +34,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._output import Output
-from ._policy import Policy
-from ._rows import Rows
-from ._strategy import StrategyPlan
-from .errors import StackError
-from .executors import Executor, Job
-from .executors._base import first_error
-from .executors._chunks import ChunkMerge
-from .executors._fdpipe import INLINE
-from .executors._ticket import Ticket
-from .executors._transport import shm_fits
+from ..core.output import Output
+from ..core.policy import Policy
+from ..core.rows import Rows
+from ..errors import StackError
+from ..executors import INLINE, ChunkMerge, Executor, Job, Ticket, first_error, shm_fits
+from .strategy import StrategyPlan
 
 __all__ = ["DeliveredParts", "DeliveredProcessParts", "PartsDelivery"]
 

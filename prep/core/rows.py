@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ._policy import ResultCheck
-from .errors import ConfigError
+from ..errors import ConfigError
+from .policy import ResultCheck
 
 # ---------------------------------------------------------------- inputs
 

@@ -1,4 +1,4 @@
-"""Blocks of ragged rows on their way into a :class:`~prep._padding.PaddedOutput`.
+"""Blocks of ragged rows on their way into a :class:`~prep.core.padding.PaddedOutput`.
 
 A block is the results of a few consecutive rows, each flattened into its
 leaves. Blocks of 1-D rows into private memory are held as they came
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._pad_options import Number
+from .pad_options import Number
 
 Block = list[list[Tensor]]  # rows, each its leaves
 

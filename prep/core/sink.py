@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._output import Output
-from ._pad_options import Padding
-from ._padding import allocate
-from ._policy import Failures
-from .errors import RowError, WorkerCrashed
+from ..errors import RowError, WorkerCrashed
+from .output import Output
+from .pad_options import Padding
+from .padding import allocate
+from .policy import Failures
 
 __all__ = ["Sink"]
 

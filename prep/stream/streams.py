@@ -16,16 +16,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._options import Options
-from ._progress import CountBar
-from ._rows import Rows, rows_of
-from ._strategy import FLAVOUR, StrategyPlan, check_strategy
-from ._stream import Stream, check_prefetch
-from ._whole import Submitter
-from .errors import ConfigError
-from .executors import Executor, in_worker_process
-from .executors._batch_threads import ThreadBatches
-from .executors._batches import ProcessBatches
+from .._progress import CountBar
+from ..core.options import Options
+from ..core.rows import Rows, rows_of
+from ..errors import ConfigError
+from ..executors import Executor, ProcessBatches, ThreadBatches, in_worker_process
+from .strategy import FLAVOUR, StrategyPlan, check_strategy
+from .stream import Stream, check_prefetch
+from .whole import Submitter
 
 __all__ = ["Streams"]
 
@@ -38,7 +36,7 @@ Whole = ProcessBatches | ThreadBatches
 
 
 class Streams:
-    """One pool's: ``workers`` each, whole-batch workers made on first use."""
+    """One pool's streams: ``workers`` each, on the workers of the pool's executors."""
 
     def __init__(self, workers: int, executors: Callable[[str], Executor]) -> None:
         self.workers = workers
@@ -125,11 +123,8 @@ class Streams:
 
         # auto's pool tries whole batches on threads (no transport: they win where the rows
         # release the GIL) and on processes (the DataLoader's shape, for the rest)
-        flavours = (
-            ("threads", "processes")
-            if executor == "auto" and flavour == "processes"
-            else (flavour or "",)
-        )
+        both = executor == "auto" and flavour == "processes"
+        flavours = ("threads", "processes") if both else (flavour or "",)
         shaping = repr(sorted(options.batch_options().items()))  # what shapes a batch's result
         plan = self.plan(strategy, (fn, samples, shaping), flavours)
         submit = Submitter(

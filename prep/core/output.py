@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import ConfigError, StackError
+from ..errors import ConfigError, StackError
 
 Result = Tensor | tuple[Tensor, ...] | dict[str, Tensor]
 

@@ -16,15 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._output import Output
-from ._parts import DeliveredParts, DeliveredProcessParts, PartsDelivery
-from ._policy import Policy
-from ._rows import Rows, SampleRows, rows_of
-from ._strategy import StrategyPlan
-from .errors import WorkerCrashed
-from .executors import Executor, Job
-from .executors._base import split
-from .executors._ticket import Ticket
+from ..core.output import Output
+from ..core.policy import Policy
+from ..core.rows import Rows, SampleRows, rows_of
+from ..errors import WorkerCrashed
+from ..executors import Executor, Job, Ticket, split
+from .parts import DeliveredParts, DeliveredProcessParts, PartsDelivery
+from .strategy import StrategyPlan
 
 __all__ = ["Delivery", "Submitter"]
 
@@ -111,7 +109,7 @@ class _Sender:
 
 
 class Submitter:
-    """``submit(batch)`` for :class:`~prep._stream.Stream`: by the plan, a batch run at
+    """``submit(batch)`` for :class:`~prep.stream.stream.Stream`: by the plan, a batch run at
     once (split) or a :class:`Delivery` (whole).
 
     ``split(batch)`` is the pool's ``map_rows``/``map_samples`` with the stream's
@@ -144,7 +142,7 @@ class Submitter:
         self.delivered_parts: DeliveredParts | None = None
 
     def __call__(self, batch: Any) -> Any:
-        from ._stream import Ran
+        from .stream import Ran
 
         ready = True
         if self.plan.measuring():

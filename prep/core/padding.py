@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._output import TENSOR, Output, Result, Spec, check_fits, flatten, shared_empty
-from ._pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
-from ._pad_options import Number, Padding
-from .errors import StackError
+from ..errors import StackError
+from .output import TENSOR, Output, Result, Spec, check_fits, flatten, shared_empty
+from .pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
+from .pad_options import Number, Padding
 
 __all__ = ["Number", "Padding", "PaddedOutput", "allocate", "given_padded"]
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from ._checks import check_device, check_timeout
-from ._policy import Policy
+from .checks import check_device, check_timeout
+from .policy import Policy
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from multiprocessing import util
 from typing import Any
 
-from ._checks import describe_callable, takes_keyword
-from .errors import ConfigError, SetupError
+from ..errors import ConfigError, SetupError
+from .checks import describe_callable, takes_keyword
 
 #: this process's stores, by pool: a worker unpickles the same store every batch
 _STORES: dict[str, WorkerState] = {}

@@ -55,8 +55,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ._warn import warn
-from .errors import ConfigError
+from .._warn import warn
+from ..errors import ConfigError
 
 __all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Ran", "Stream", "Handle", "check_prefetch"]
 

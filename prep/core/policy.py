@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from ._output import Output, detached, flatten
-from ._padding import Number, Padding
-from ._warn import warn
-from .errors import StackError
+from .._warn import warn
+from ..errors import StackError
+from .output import Output, detached, flatten
+from .padding import Number, Padding
 
 ON_ERROR = ("raise", "fill", "skip")
 

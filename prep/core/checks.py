@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def check_timeout(timeout: Any) -> float | None:

@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._identity import key
-from ._output import Output, Spec, flatten
-from ._rows import Rows, SampleRows, TensorRows
-from ._state import WithState
-from ._warn import warn
+from .._warn import warn
+from .identity import key
+from .output import Output, Spec, flatten
+from .rows import Rows, SampleRows, TensorRows
+from .state import WithState
 
 #: rows a probe keeps: a few rows once per function (a first batch has tens or more)
 ROWS = 2

@@ -1,0 +1,226 @@
+"""The parent's side of a process pool's workers, one lane each: the units a worker
+holds (oldest first: it answers in order) and the row functions it has, mirrored
+here (:class:`Lane`); the set of them, kept at ``workers`` live processes, a dead
+or stuck one replaced with its oldest unit failed and the others resent
+(:class:`Lanes`); and the row functions the workers are sent, pickled once each
+(:class:`Functions`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..core.rows import Rows
+from ..errors import ConfigError, WorkerCrashed
+from . import _batch_worker, _fdpipe, _spawn
+from ._handles import Worker
+from ._ticket import Ticket
+from ._transport import pickle_fn
+
+__all__ = ["FUNCTIONS", "Functions", "Lane", "Lanes", "check_on_cpu"]
+
+
+def check_on_cpu(rows: Rows) -> None:
+    for c in getattr(rows, "columns", ()):
+        if c.device.type != "cpu":
+            raise ConfigError(
+                f"executor='processes' got a tensor on {c.device}; workers never touch "
+                f"CUDA, so pass CPU tensors (and device= for the result), or use "
+                f"executor='threads' or 'vectorized' for a batch already on the GPU"
+            )
+
+
+class Lane:
+    """One worker process and the tickets sent to it, oldest first."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.tickets: deque[Ticket] = deque()
+        # the row functions it holds, oldest first: it keeps the last KEEP, as this does
+        self.keys: dict[str, None] = {}
+
+    def replace(self, worker: Worker) -> list[Ticket]:
+        """``worker`` in the old one's place; the tickets the old one held, oldest first."""
+        self.worker.stop()
+        tickets, self.tickets, self.keys = list(self.tickets), deque(), {}
+        self.worker = worker
+        return tickets
+
+    def send(self, ticket: Ticket, seq: int, blob: Callable[[str], bytes]) -> None:
+        """``ticket`` to this lane's worker, numbered ``seq``, its function first (its
+        pickled bytes, ``blob(key)``) if the worker has not had it."""
+        key, conn = ticket.key, self.worker.conn
+        if key not in self.keys:
+            _fdpipe.send(conn, ("fn", key, blob(key)))
+            self.keys[key] = None
+            while len(self.keys) > _batch_worker.KEEP:  # the worker forgets its oldest
+                del self.keys[next(iter(self.keys))]
+        ticket.lane, ticket.seq = self, seq
+        if ticket.kind == "call":
+            _fdpipe.send(conn, ("call", seq, key, ticket.args))
+        elif ticket.kind == "load":
+            _fdpipe.send(conn, ("load", seq, key))
+        else:
+            rows = ticket.wire if ticket.wire is not None else ticket.rows
+            _fdpipe.send(conn, ("whole", seq, key, rows, ticket.policy, ticket.into))
+        if not self.tickets:
+            ticket.started = time.monotonic()
+        self.tickets.append(ticket)
+
+    def answered(self, seq: int) -> Ticket:
+        """The ticket whose reply numbered ``seq`` came: its oldest (its worker answers in
+        order); the next one's worker starts it now."""
+        ticket = self.tickets.popleft()
+        assert ticket.seq == seq, "a worker answers its batches in order"
+        if self.tickets:
+            self.tickets[0].started = time.monotonic()
+        return ticket
+
+    def load(self) -> tuple[int, float]:
+        """How busy it is: the batches in hand, then when its current one began (the
+        earlier, the likelier it is free first)."""
+        return (len(self.tickets), (self.tickets[0].started or 0.0) if self.tickets else 0.0)
+
+    @staticmethod
+    def freest(lanes: list[Lane]) -> Lane:
+        """The lane likely to be free first (:meth:`load`)."""
+        return min(lanes, key=Lane.load)
+
+
+#: row functions the parent keeps pickled, the latest used (a worker keeps fewer, and is
+#: sent one again when it needs it: a stream's function must not go while it runs)
+FUNCTIONS = 64
+
+
+class Functions:
+    """The row functions the workers are sent, pickled once each, by key."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, tuple[Any, bytes]] = {}
+
+    def add(self, fn: Any) -> str:
+        """The key under which ``fn`` travels (pickled here, once: a stream's batches
+        all use the function as it was when the stream began)."""
+        blob = pickle_fn(fn)
+        key = hashlib.sha1(blob).hexdigest()
+        self._by_key[key] = (fn, blob)
+        self._by_key[key] = self._by_key.pop(key)  # the newest last
+        while len(self._by_key) > FUNCTIONS:
+            del self._by_key[next(iter(self._by_key))]
+        return key
+
+    def blob(self, key: str) -> bytes:
+        return self._by_key[key][1]
+
+    def fn(self, key: str) -> Any:
+        """The function itself (None once forgotten): for the errors about it."""
+        return self._by_key.get(key, (None, b""))[0]
+
+
+class Lanes:
+    """``workers`` worker processes, a :class:`Lane` each, started on first use (forked
+    from this process while that is safe and ``fork`` asks for it, else from prep's
+    forkserver) and kept alive: a worker that dies or passes its unit's deadline is
+    replaced, its oldest unit failed and the others resent to the new one. ``lock``
+    guards the lanes and their pipes (one reader at a time)."""
+
+    def __init__(self, workers: int, threads: int, fork: bool, fns: Functions) -> None:
+        self.workers, self.threads, self.fork, self.fns = workers, threads, fork, fns
+        self.all: list[Lane] = []
+        self.lock = threading.RLock()
+        self.closed = False  # close() ran: a worker lost now is not replaced
+        self._seq = itertools.count()
+
+    def new_worker(self) -> Worker:
+        if self.fork and _spawn.fork_is_safe():
+            ctx = _spawn.fork_context()
+        else:
+            _spawn.ensure_server()
+            ctx = _spawn.context()
+        return Worker(ctx, self.threads)
+
+    def ensure_started(self) -> list[Lane]:
+        """Every lane, a live worker in each (call it holding :attr:`lock`)."""
+        self.closed = False  # a submit after close() starts the pool afresh
+        while len(self.all) < self.workers:
+            self.all.append(Lane(self.new_worker()))
+        for lane in self.all:
+            if not lane.worker.proc.is_alive():  # died while idle (killed, OOM)
+                self.lost(lane)
+        return self.all
+
+    def send(self, lane: Lane, ticket: Ticket) -> None:
+        lane.send(ticket, next(self._seq), self.fns.blob)
+
+    def resend(self, lane: Lane, tickets: list[Ticket]) -> None:
+        for t in tickets:
+            if not t.cancelled:
+                self.send(lane, t)
+
+    def lost(self, lane: Lane) -> None:
+        """The lane's worker died: its current unit fails, the others go to a new one."""
+        w = lane.worker
+        how = w.how_it_died()
+        self._fail_head(lane, lambda head: head.worker_died(w.proc.pid, how, w.proc.exitcode))
+
+    def timed_out(self, lane: Lane) -> None:
+        what_now = (
+            f"its worker (pid {lane.worker.proc.pid}) was terminated; a new one takes its "
+            f"place for the next batches"
+        )
+        self._fail_head(lane, lambda head: head.timed_out(what_now))
+
+    def _fail_head(self, lane: Lane, error: Callable[[Ticket], BaseException]) -> None:
+        """A new worker in the lane's: its oldest ticket fails with ``error(ticket)``, the
+        others go to the new worker (or fail with it, once the pool is closed)."""
+        if self.closed:
+            for t in lane.tickets:
+                t.resolve(error=error(t))
+            lane.tickets.clear()
+            return
+        tickets = lane.replace(self.new_worker())
+        if tickets:
+            tickets[0].resolve(error=error(tickets[0]))
+            self.resend(lane, tickets[1:])
+
+    def abandon(self, tickets: list[Ticket]) -> None:
+        """Nobody will wait for ``tickets`` (Ctrl-C in the caller): the workers that hold
+        one unfinished are replaced at once (what they run is left unfinished), their
+        other tickets go to the new ones."""
+        with self.lock:
+            for ticket in tickets:
+                ticket.cancel()
+            for lane in list(self.all):
+                if any(t.cancelled and not t.done() for t in lane.tickets):
+                    stale = lane.replace(self.new_worker())
+                    for t in stale:
+                        if t.cancelled:  # settled: its shared memory goes back to the ring
+                            t.resolve(error=WorkerCrashed("abandoned with this batch in flight"))
+                    self.resend(lane, stale)
+
+    def close(self, now: bool) -> None:
+        """Stop every worker (asked first, terminated if it does not listen; ``now``:
+        terminated at once, mid-unit); their tickets fail."""
+        self.closed = True  # another thread's wait that sees a worker end replaces none
+        polite = self.lock.acquire(timeout=1.0)
+        try:
+            lanes, self.all = self.all, []
+            for lane in lanes if not now else ():
+                with contextlib.suppress(OSError):
+                    _fdpipe.send(lane.worker.conn, ("close",))
+            for lane in lanes:
+                if not now:
+                    lane.worker.proc.join(1)
+                lane.worker.stop()
+                for t in lane.tickets:
+                    t.resolve(error=WorkerCrashed("the pool was closed with this batch in flight"))
+        finally:
+            if polite:
+                self.lock.release()

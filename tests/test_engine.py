@@ -1,0 +1,92 @@
+"""One engine: a Pool's batches, streams and crash isolation run on one set of workers.
+
+``map_rows`` on ``processes`` or ``threads`` is a stream of one batch: its parts are
+tickets on the same workers a stream keeps several batches in flight on. Each
+test compares with a reference it builds itself (a plain loop, ``torch.stack``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import prep
+from tests import rowfns
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def pid_row(row: torch.Tensor) -> torch.Tensor:
+    """The row, and the process that computed it."""
+    return torch.cat([row, torch.tensor([float(os.getpid())])])
+
+
+def worker_pids(out: torch.Tensor) -> set[int]:
+    return {int(p) for p in out[:, -1].tolist()}
+
+
+# a worker's pid is not serial's: the check of other interpreters says so, as it must
+@pytest.mark.filterwarnings("ignore:executor=.* computed row 0 of:RuntimeWarning")
+def test_a_process_pool_runs_map_rows_and_streams_on_the_same_workers(no_leaks):
+    x = torch.arange(32.0).view(16, 2)
+    want = torch.stack([torch.cat([r, torch.zeros(1)]) for r in x])
+    seen: set[int] = set()
+    with prep.Pool("processes", workers=2) as pool:
+        out = pool.map_rows(pid_row, x)
+        seen |= worker_pids(out)
+        for strategy in ("split", "whole"):
+            for got in pool.imap(pid_row, [x] * 4, strategy=strategy):
+                assert torch.equal(got[:, :2], want[:, :2])
+                seen |= worker_pids(got)
+        collate = pool.map_samples(lambda s: pid_row(s), list(x))
+        seen |= worker_pids(collate)
+        workers = set(pool._get("processes").pids)
+        assert len(workers) == 2 and workers == set(pool._streams.whole_workers("processes").pids)
+    assert seen <= workers and os.getpid() not in seen
+
+
+def test_a_thread_pool_runs_map_rows_and_streams_on_the_same_threads():
+    import threading
+
+    names: set[str] = set()
+
+    def named(row: torch.Tensor) -> torch.Tensor:
+        names.add(threading.current_thread().name)
+        return row * 2
+
+    x = torch.arange(64.0).view(32, 2)
+    with prep.Pool("threads", workers=2) as pool:
+        assert torch.equal(pool.map_rows(named, x), x * 2)
+        for strategy in ("split", "whole"):
+            for got in pool.imap(named, [x] * 3, strategy=strategy):
+                assert torch.equal(got, x * 2)
+        threads = {t.name for t in pool._get("threads").batches._threads}
+    assert len(threads) == 2 and names <= threads
+
+
+def test_a_worker_that_forgot_a_function_is_sent_it_again(no_leaks):
+    # a worker keeps a few functions; a sixth evicts the first, which must travel again
+    x = torch.arange(8.0).view(8, 1)
+    adders = [lambda r, k=k: r + k for k in range(6)]
+    with prep.Pool("processes", workers=2) as pool:
+        for _ in range(2):
+            for k, add in enumerate(adders):
+                assert torch.equal(pool.map_rows(add, x), x + k)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_crash_under_fill_is_isolated_on_the_same_workers(no_leaks, workers):
+    x = torch.arange(6.0).view(6, 1)
+    with prep.Pool("processes", workers=workers) as pool:
+        pool.map_rows(rowfns.affine, x)
+        before = len(pool._get("processes").pids)
+        with pytest.warns(RuntimeWarning, match="1 of 6 rows failed"):
+            out, valid = pool.map_rows(
+                rowfns.suicide, x, on_error="fill", fill=-1, return_valid=True
+            )
+        want = torch.stack([r if int(r[0]) != 1 else torch.full_like(r, -1.0) for r in x])
+        assert torch.equal(out, want)
+        assert valid.tolist() == [True, False, True, True, True, True]
+        assert len(pool._get("processes").pids) == before  # no second pool
