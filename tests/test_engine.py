@@ -90,3 +90,21 @@ def test_a_crash_under_fill_is_isolated_on_the_same_workers(no_leaks, workers):
         assert torch.equal(out, want)
         assert valid.tolist() == [True, False, True, True, True, True]
         assert len(pool._get("processes").pids) == before  # no second pool
+
+
+def test_a_worker_found_dead_while_sending_is_replaced(no_leaks, monkeypatch):
+    import signal
+
+    from tests.conftest import wait_until
+
+    x = torch.arange(8.0).view(8, 1)
+    with prep.Pool("processes", workers=2) as pool:
+        pool.map_rows(rowfns.affine, x)
+        lanes = pool._get("processes").batches._lanes
+        proc = lanes.all[0].worker.proc
+        os.kill(proc.pid, signal.SIGKILL)
+        assert wait_until(lambda: not proc.is_alive(), 10)
+        # as if it died after the pool last looked: the next message meets a broken pipe
+        monkeypatch.setattr(proc, "is_alive", lambda: True)
+        assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
+        assert lanes.all[0].worker.proc is not proc

@@ -157,7 +157,14 @@ class Lanes:
         return self.all
 
     def send(self, lane: Lane, ticket: Ticket) -> None:
-        lane.send(ticket, next(self._seq), self.fns.blob)
+        """``ticket`` to the lane's worker; one that died since it was last seen alive
+        (its pipe broke) is lost as any dead worker is, and the ticket goes to the new
+        one in its place."""
+        try:
+            lane.send(ticket, next(self._seq), self.fns.blob)
+        except (BrokenPipeError, ConnectionResetError):
+            self.lost(lane)
+            lane.send(ticket, next(self._seq), self.fns.blob)
 
     def resend(self, lane: Lane, tickets: list[Ticket]) -> None:
         for t in tickets:
