@@ -100,8 +100,14 @@ class Ticket:
         ticket.key, ticket.what, ticket.kind = key, "loading the row function", "load"
         return ticket
 
-    def modes(self) -> contextlib.ExitStack:
-        """The caller's grad and inference modes, entered (in a worker thread)."""
+    def modes(self) -> contextlib.AbstractContextManager[Any]:
+        """The caller's grad and inference modes, entered (in a worker thread) where they
+        are not this thread's already (entering them costs every torch op a little)."""
+        if (torch.is_grad_enabled(), torch.is_inference_mode_enabled()) == (
+            self.grad,
+            self.inference,
+        ):
+            return contextlib.nullcontext()
         stack = contextlib.ExitStack()
         stack.enter_context(torch.inference_mode(self.inference))
         stack.enter_context(torch.set_grad_enabled(self.grad))
@@ -154,8 +160,9 @@ class Ticket:
 
     def bounds(self) -> tuple[int, int]:
         """The rows it holds, in batch row numbers."""
-        start = self.rows.offset if self.part is None else self.part[0]
-        return (start, start + len(self.rows))
+        if self.part is not None:
+            return self.part
+        return (self.rows.offset, self.rows.offset + len(self.rows))
 
     def describe(self) -> str:
         """What it holds, for an error: "the batch of 64 rows", or "rows 32-63 of a batch"."""
