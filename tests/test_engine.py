@@ -108,3 +108,22 @@ def test_a_worker_found_dead_while_sending_is_replaced(no_leaks, monkeypatch):
         monkeypatch.setattr(proc, "is_alive", lambda: True)
         assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
         assert lanes.all[0].worker.proc is not proc
+
+
+def cut(row: torch.Tensor) -> torch.Tensor:
+    """The row's first value is the result's width: a shape that changes with the data."""
+    return row[: int(row[0])]
+
+
+@pytest.mark.parametrize("executor", ["processes", "threads"])
+def test_map_rows_and_streams_learn_one_output_shape_and_drop_a_wrong_guess(executor):
+    # wide enough that a guessed output is made for the workers to write in place
+    a, b = torch.full((64, 500), 300.0), torch.full((64, 500), 400.0)
+    want_a = torch.stack([cut(r) for r in a])
+    want_b = torch.stack([cut(r) for r in b])
+    with prep.Pool(executor, workers=2) as pool:
+        assert torch.equal(pool.map_rows(cut, a), want_a)  # learns 300 wide
+        # the stream's first batch is guessed 300 wide from map_rows, proves 400: run again
+        got = list(pool.imap(cut, [b, a, b], strategy="split"))
+        assert [torch.equal(g, w) for g, w in zip(got, [want_b, want_a, want_b])] == [True] * 3
+        assert torch.equal(pool.map_rows(cut, b), want_b)

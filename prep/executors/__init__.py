@@ -25,6 +25,7 @@ from ._batch_threads import ThreadBatches
 from ._batches import ProcessBatches
 from ._chunks import ChunkMerge
 from ._fdpipe import INLINE
+from ._shapes import Shapes
 from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
 from ._ticket import Ticket
 from ._transport import shm_fits, shm_free
@@ -55,6 +56,7 @@ __all__ = [
     "Executor",
     "Job",
     "ProcessBatches",
+    "Shapes",
     "ThreadBatches",
     "Ticket",
     "available_cores",

@@ -22,6 +22,7 @@ from ..core.policy import Policy
 from ..core.rows import Rows
 from ._base import Job, threads_per_worker
 from ._daemons import DaemonThreads, own_intra_op_threads
+from ._shapes import Shapes
 from ._ticket import Ticket, value_of
 from ._worker import run_chunk, write_rows
 
@@ -93,6 +94,7 @@ class ThreadBatches(DaemonThreads[Ticket]):
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
         self._made = 0
+        self.shapes = Shapes()  # each function's last output shape (``_shapes``)
 
     def _ensure_started(self) -> None:
         with self._lock:

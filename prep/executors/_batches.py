@@ -49,6 +49,7 @@ from . import _fdpipe, _spawn
 from ._base import threads_per_worker
 from ._lanes import Functions, Lane, Lanes, check_on_cpu
 from ._ring import Ring
+from ._shapes import Shapes
 from ._ticket import Ticket, value_of
 
 __all__ = ["ProcessBatches"]
@@ -70,6 +71,7 @@ class ProcessBatches:
         self._lanes = Lanes(workers, self.threads, fork, self._fns)
         self._lock = self._lanes.lock
         self._ring = Ring(keep=4 * workers)
+        self.shapes = Shapes()  # each function's last output shape (``_shapes``)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -94,8 +96,7 @@ class ProcessBatches:
         self._ring.clear()
 
     def ready(self) -> bool:
-        """Whether workers start without waiting for prep's forkserver (it imports torch,
-        once per interpreter: seconds); if not, it is started in the background."""
+        """Whether workers start without waiting for prep's forkserver (else it starts)."""
         if self._lanes.all or (_spawn.server_running() and _spawn.start_costs().worker is not None):
             return True
         _spawn.warm_up()

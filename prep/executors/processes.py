@@ -60,38 +60,10 @@ from ._transport import check_shm, describe_fn, pickle_fn, shm_fits, shm_free
 
 __all__ = ["LOAD_TIMEOUT", "ProcessExecutor", "pickle_fn", "shm_fits", "shm_free"]
 
-#: (function, layout) pairs whose output shape a pool remembers
-SHAPES = 16
 #: seconds a worker may take to load the row function (importing its modules)
 LOAD_TIMEOUT = 120.0
 #: parts per worker of a batch with a progress bar (else one: the fewest messages)
 PROGRESS_PARTS = 4
-
-
-class Shapes:
-    """The output shape of each (function, row layout) a pool ran last: the next batch's
-    output is made before any row runs, in shared memory, for the workers to write
-    their rows in place."""
-
-    def __init__(self) -> None:
-        self._last: dict[Any, Output] = {}  # key -> a 0-row output shaped like its last
-
-    def guess(self, key: Any, n: int) -> Output | None:
-        """An output of ``n`` rows shaped as last batch's of ``key`` was; None where that is
-        unknown, or where each buffer is small enough to come back inside a message
-        (a copy, cheaper than a new shared segment)."""
-        like = self._last.get(key)
-        if like is None:
-            return None
-        if min(_sizes(like, n)) <= INLINE:
-            return None
-        check_shm(sum(_sizes(like, n)), "the output")
-        return like.like(n, shared=True)
-
-    def keep(self, key: Any, out: Output) -> None:
-        self._last[key] = out.like(0)
-        while len(self._last) > SHAPES:
-            del self._last[next(iter(self._last))]
 
 
 class ProcessExecutor(Executor):
@@ -103,7 +75,6 @@ class ProcessExecutor(Executor):
         #: the workers: this executor's batches, and a stream's (``Executor.engine``)
         self.batches = self.engine = ProcessBatches(self.workers)
         self._dispatch: float | None = None
-        self._shapes = Shapes()
 
     # -------------------------------------------------------------- lifecycle
 
@@ -214,7 +185,7 @@ class ProcessExecutor(Executor):
         # rows of one shape, none failing alone, an output too large to travel inside a
         # message: written in place, in shared memory
         if job.policy.plain and given is None:
-            into = self._shapes.guess(shape_key, n)
+            into = self.batches.shapes.guess(shape_key, n, shared=True)
         elif job.policy.plain and given is not None and min(_sizes(given)) > INLINE:
             into = given
             if not all(b.is_shared() and b.is_contiguous() for b in given.buffers):
@@ -227,13 +198,14 @@ class ProcessExecutor(Executor):
                 raise
             # rows unlike last batch's: run the batch again as the first one ran, so
             # that the error names what serial names (or it is no error: its own shape)
+            self.batches.shapes.forget(shape_key)
             self._parts(job, key, None)
             into = None
         out = job.sink.output
         if out is None:
             return None  # every row failed (on_error='fill'/'skip'): none gave a shape
         if job.policy.plain and given is None:
-            self._shapes.keep(shape_key, out)
+            self.batches.shapes.keep(shape_key, out)
         if given is not None and into is not None and into is not given:
             job.sink.output = copy_rows(given, into, job.start)
         return job.sink.output

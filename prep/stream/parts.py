@@ -29,7 +29,6 @@ through the pool's ``processes``, which isolates the row that killed it.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +37,7 @@ from ..core.output import Output
 from ..core.policy import Policy
 from ..core.rows import Rows
 from ..errors import StackError
-from ..executors import INLINE, ChunkMerge, Executor, Job, Ticket, first_error, shm_fits
+from ..executors import ChunkMerge, Executor, Job, Shapes, Ticket, first_error
 from .strategy import StrategyPlan
 
 __all__ = ["DeliveredParts", "DeliveredProcessParts", "PartsDelivery"]
@@ -51,28 +50,26 @@ class DeliveredParts(Executor):
 
     name = "split threads"
 
-    def __init__(self, isolate: Callable[[], Executor], resubmit: Callable[[Rows], Any]) -> None:
+    def __init__(
+        self,
+        isolate: Callable[[], Executor],
+        resubmit: Callable[[Rows], Any],
+        shapes: Shapes,
+        key: Any,
+    ) -> None:
         super().__init__(1)
         self.isolate, self.resubmit = isolate, resubmit
+        self.shapes, self.key = shapes, key  # the workers' shapes, the function's key
         self.tickets: list[Ticket] = []
-        self._like: Output | None = None  # a 0-row output shaped like the last batch's
 
     def output_for(self, rows: Rows, policy: Policy) -> Output | None:
         """The batch's output, made here for the workers to write in place (in shared
-        memory, for processes), shaped as the last batch's was; None where that is not
-        known (the first batch), where rows may differ in size or fail alone (``pad=``,
-        ``on_error=``: their parts come back as chunks), or, for processes, where a
-        buffer is small enough to travel inside a message (as a copy: no place to
-        write in) or /dev/shm has no room for it."""
-        like = self._like
-        if like is None or not policy.plain:
+        memory, for processes), shaped as the function's last batch on these workers
+        was (``Shapes.guess``); None where that is not known or rows may differ in size
+        or fail alone (``pad=``, ``on_error=``: their parts come back as chunks)."""
+        if not policy.plain:
             return None
-        if not self.needs_processes:
-            return like.like(len(rows))
-        sizes = [len(rows) * math.prod(b.shape[1:]) * b.element_size() for b in like.buffers]
-        if min(sizes) <= INLINE or not shm_fits(sum(sizes)):
-            return None
-        return like.like(len(rows), shared=True)
+        return self.shapes.guess((self.key, rows.layout()), len(rows), self.needs_processes)
 
     def take(self, tickets: list[Ticket]) -> DeliveredParts:
         self.tickets = tickets  # one stream's producer thread is its only caller
@@ -92,7 +89,7 @@ class DeliveredParts(Executor):
         if guessed is not None and any(isinstance(e, StackError) for e in errors):
             # rows unlike last batch's: run the batch again as the first one ran, so that
             # the error names what serial names (or it is no error: its own shape)
-            self._like = None
+            self.shapes.forget((self.key, job.rows.layout()))
             return self.take(self.resubmit(job.rows).tickets).run(job)
         if errors:
             raise first_error(errors)
@@ -105,7 +102,7 @@ class DeliveredParts(Executor):
                 chunks.merge(t.reply)
             t.reply = None  # its chunk's shared memory goes once merged
         if job.sink.output is not None and job.policy.plain:
-            self._like = job.sink.output.like(0)
+            self.shapes.keep((self.key, job.rows.layout()), job.sink.output)
         return job.sink.output
 
 

@@ -175,7 +175,7 @@ class Submitter:
         if self.delivered_parts is None:
             resubmit = functools.partial(self._submit_parts, guess=False)
             kind = DeliveredProcessParts if self.parts == "processes" else DeliveredParts
-            self.delivered_parts = kind(self.isolate, resubmit)
+            self.delivered_parts = kind(self.isolate, resubmit, sender.workers.shapes, sender.key)
         delivered = self.delivered_parts
         workers = sender.workers
         into = delivered.output_for(rows, self.policy) if guess else None
