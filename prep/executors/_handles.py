@@ -48,10 +48,14 @@ class Worker:
 
     def how_it_died(self) -> str:
         self.proc.join(1)
-        code = self.proc.exitcode
-        if code is not None and code < 0:
-            return f"signal {signal.Signals(-code).name}"
-        return f"exit code {code}"
+        return how_it_ended(self.proc.exitcode)
+
+
+def how_it_ended(code: int | None) -> str:
+    """A process's exit code in words: "signal SIGKILL", "exit code 1"."""
+    if code is not None and code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
 
 
 def unlink_leftovers(pid: int, shm: str = "/dev/shm") -> list[str]:

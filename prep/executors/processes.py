@@ -54,6 +54,7 @@ from ._base import Executor, Job, copy_rows, first_error, split, threads_per_wor
 from ._batches import ProcessBatches
 from ._chunks import ChunkMerge
 from ._fdpipe import INLINE
+from ._handles import how_it_ended
 from ._isolation import Isolation
 from ._ticket import Ticket
 from ._transport import check_shm, describe_fn, pickle_fn, shm_fits, shm_free
@@ -186,7 +187,9 @@ class ProcessExecutor(Executor):
         # message: written in place, in shared memory
         if job.policy.plain and given is None:
             into = self.batches.shapes.guess(shape_key, n, shared=True)
-        elif job.policy.plain and given is not None and min(_sizes(given)) > INLINE:
+        elif (
+            job.policy.plain and given is not None and min(b.nbytes for b in given.buffers) > INLINE
+        ):
             into = given
             if not all(b.is_shared() and b.is_contiguous() for b in given.buffers):
                 check_shm(given.nbytes, "the output")
@@ -229,7 +232,9 @@ class ProcessExecutor(Executor):
                         errors.append(exc)
                         continue
                     held = ticket.bounds()
-                    again = isolation.lost(held, f"worker pid {exc.pid}", _how(exc))
+                    again = isolation.lost(
+                        held, f"worker pid {exc.pid}", how_it_ended(exc.exitcode)
+                    )
                     pending += self._submit(job, key, again, into)
                     continue
                 except Exception as exc:  # a row's, the deadline's: the lowest row's wins
@@ -257,18 +262,3 @@ class ProcessExecutor(Executor):
         for ticket in tickets:
             ticket.limit = job.timeout  # the batch's, as the caller gave it
         return tickets
-
-
-def _sizes(out: Output, n: int | None = None) -> list[int]:
-    """Each buffer's bytes (at ``n`` rows)."""
-    rows = [len(b) if n is None else n for b in out.buffers]
-    return [r * math.prod(b.shape[1:]) * b.element_size() for r, b in zip(rows, out.buffers)]
-
-
-def _how(exc: WorkerCrashed) -> str:
-    code = exc.exitcode
-    if code is not None and code < 0:
-        import signal
-
-        return f"signal {signal.Signals(-code).name}"
-    return f"exit code {code}"
