@@ -127,3 +127,36 @@ def test_map_rows_and_streams_learn_one_output_shape_and_drop_a_wrong_guess(exec
         got = list(pool.imap(cut, [b, a, b], strategy="split"))
         assert [torch.equal(g, w) for g, w in zip(got, [want_b, want_a, want_b])] == [True] * 3
         assert torch.equal(pool.map_rows(cut, b), want_b)
+
+
+def test_auto_stops_a_process_pool_no_function_may_use_any_more(tmp_path, monkeypatch, no_leaks):
+    """auto drops processes for a function whose rows differ there (a global set at run
+    time); with no other function that may use them, the workers are stopped, and the
+    answer is still serial's."""
+    from prep.auto import wisdom
+    from prep.core.policy import RAISE
+    from prep.executors import _spawn
+    from tests import trustfns
+
+    monkeypatch.setattr(trustfns, "SCALE", 3)  # as main() would; workers import SCALE = 1
+    monkeypatch.setenv(wisdom.ENV, str(tmp_path / "wisdom.json"))
+    _spawn.ensure_server()  # a known start cost: auto starts the pool within the call
+    x = torch.ones(32, 3)
+    rows = prep.core.rows.rows_of(x)
+    key = wisdom.key(trustfns.scaled, rows.layout(), len(rows), 2, (False, repr(RAISE)))
+    assert key is not None
+    figures = {"processes": 1e-4, "serial": 1.0, "threads": 1.0}
+    assert wisdom.remember(key, {"choice": "processes", "rows": 32, "figures": figures})
+    with prep.Pool("auto", workers=2) as pool:
+        for _ in range(2):
+            assert torch.equal(pool.map_rows(trustfns.scaled, x), x * 3)
+        (cal,) = pool.choices()
+        assert "processes" in cal.dropped
+        processes = pool._get("processes")
+        assert processes.pids == [], "the dropped pool's workers are still up"
+        # a later batch on them starts them again
+        from prep.executors import Job
+
+        out = processes.run(Job.new(torch.neg, rows))
+        assert out is not None and torch.equal(out.buffers[0], -x)
+        assert len(processes.pids) == 2

@@ -140,15 +140,30 @@ class AutoExecutor(Executor):
                 assert job.sink.output is not None, "the calibrator ran every row"
                 return job.sink.output
             rest = job.part(calibrator.done)
-            self._starter.plan(d, rest, allow)
-            out = self._run(d, d.cal.choice, rest, observe=False)
-            job.sink.output = out
-            self._memory.remember(d)
-            return out
+            job.sink.output = self._plan_and_run(d, rest, allow, calibrated=True)
+            return job.sink.output
+        return self._plan_and_run(d, job, allow, calibrated=False)
+
+    def _plan_and_run(self, d: Decisions, job: Job, allow: bool, calibrated: bool) -> Output | None:
+        """Start a pool if it pays, run the batch (the rest of a calibrated one: its
+        figure is not a whole batch's), remember the choice, and stop a pool this
+        signature dropped if no other may use it."""
+        before = set(d.cal.predicted)
         self._starter.plan(d, job, allow)
-        out = self._run(d, d.next_trial() or d.cal.choice, job, observe=True)
+        name = d.cal.choice if calibrated else d.next_trial() or d.cal.choice
+        out = self._run(d, name, job, observe=not calibrated)
         self._memory.remember(d)
+        for dropped in before - set(d.cal.predicted):
+            self._release(dropped)
         return out
+
+    def _release(self, name: str) -> None:
+        """Stop ``name``'s workers when no signature kept here may choose it any more
+        (a process pool holds a few hundred MB a worker); a later choice starts them."""
+        with self._lock:
+            if any(name in d.cal.predicted for _, ds in self._choices.values() for d in ds):
+                return
+        self._get(name).release()
 
     # ------------------------------------------------------------ running
 

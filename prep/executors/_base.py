@@ -282,6 +282,12 @@ class Executor(ABC):
     def close(self) -> None:  # noqa: B027 (executors without resources need not close)
         """Release threads and processes. It is safe to call this several times."""
 
+    def release(self) -> bool:
+        """Stop its workers if none holds work now (a later batch starts them again):
+        what ``auto`` does with a pool no function of its may use any more. True if
+        workers were stopped."""
+        return False
+
     # ------------------------------------------------------------ what auto asks of it
 
     def start_cost(self) -> float | None:

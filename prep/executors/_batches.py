@@ -95,6 +95,15 @@ class ProcessBatches:
         self._lanes.close(now)
         self._ring.clear()
 
+    def release(self) -> bool:
+        """:meth:`close` if no worker holds a unit (a later submit starts them again);
+        True if workers were stopped."""
+        with self._lock:
+            if not self._lanes.all or not self._lanes.idle():
+                return False
+            self.close()
+            return True
+
     def ready(self) -> bool:
         """Whether workers start without waiting for prep's forkserver (else it starts)."""
         if self._lanes.all or (_spawn.server_running() and _spawn.start_costs().worker is not None):

@@ -212,6 +212,10 @@ class Lanes:
                             t.resolve(error=WorkerCrashed("abandoned with this batch in flight"))
                     self.resend(lane, stale)
 
+    def idle(self) -> bool:
+        """Whether no worker holds a unit (call it holding :attr:`lock`)."""
+        return not any(lane.tickets for lane in self.all)
+
     def close(self, now: bool) -> None:
         """Stop every worker (asked first, terminated if it does not listen; ``now``:
         terminated at once, mid-unit); their tickets fail."""

@@ -168,6 +168,9 @@ class ProcessExecutor(Executor):
         self._dispatch = None
         self.batches.close()
 
+    def release(self) -> bool:
+        return self.batches.release()
+
     @property
     def pids(self) -> list[int]:
         """The worker processes' ids (empty until the first batch)."""
