@@ -21,6 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from . import _fdpipe
+from ._context import follow
 from ._worker import _error, _watch_parent, limit_threads, run_chunk, write_rows
 
 #: row functions a worker keeps loaded, by key (streams that alternate stay warm)
@@ -84,6 +85,9 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
             return
         if msg[0] == "close":
             return
+        if msg[0] == "context":  # the caller's directory and environment, as they are now
+            follow(msg[1])
+            continue
         if msg[0] == "fn":
             _, key, blob = msg
             try:

@@ -20,6 +20,7 @@ from typing import Any
 from ..core.rows import Rows
 from ..errors import ConfigError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn
+from ._context import Context, Follower
 from ._handles import Worker
 from ._ticket import Ticket
 from ._transport import pickle_fn
@@ -45,18 +46,25 @@ class Lane:
         self.tickets: deque[Ticket] = deque()
         # the row functions it holds, oldest first: it keeps the last KEEP, as this does
         self.keys: dict[str, None] = {}
+        self.context: Context | None = None  # the caller's, as this worker last had it
 
     def replace(self, worker: Worker) -> list[Ticket]:
         """``worker`` in the old one's place; the tickets the old one held, oldest first."""
         self.worker.stop()
         tickets, self.tickets, self.keys = list(self.tickets), deque(), {}
-        self.worker = worker
+        self.worker, self.context = worker, None
         return tickets
 
-    def send(self, ticket: Ticket, seq: int, blob: Callable[[str], bytes]) -> None:
-        """``ticket`` to this lane's worker, numbered ``seq``, its function first (its
+    def send(
+        self, ticket: Ticket, seq: int, blob: Callable[[str], bytes], context: Context
+    ) -> None:
+        """``ticket`` to this lane's worker, numbered ``seq``; first the caller's
+        ``context`` if the worker's differs (:mod:`._context`), and its function (its
         pickled bytes, ``blob(key)``) if the worker has not had it."""
         key, conn = ticket.key, self.worker.conn
+        if self.context is not context:
+            _fdpipe.send(conn, ("context", context))
+            self.context = context
         if key not in self.keys:
             _fdpipe.send(conn, ("fn", key, blob(key)))
             self.keys[key] = None
@@ -137,6 +145,7 @@ class Lanes:
         self.lock = threading.RLock()
         self.closed = False  # close() ran: a worker lost now is not replaced
         self._seq = itertools.count()
+        self.follower = Follower()  # the caller's directory and environment
 
     def new_worker(self) -> Worker:
         if self.fork and _spawn.fork_is_safe():
@@ -161,10 +170,10 @@ class Lanes:
         (its pipe broke) is lost as any dead worker is, and the ticket goes to the new
         one in its place."""
         try:
-            lane.send(ticket, next(self._seq), self.fns.blob)
+            lane.send(ticket, next(self._seq), self.fns.blob, self.follower.now())
         except (BrokenPipeError, ConnectionResetError):
             self.lost(lane)
-            lane.send(ticket, next(self._seq), self.fns.blob)
+            lane.send(ticket, next(self._seq), self.fns.blob, self.follower.now())
 
     def resend(self, lane: Lane, tickets: list[Ticket]) -> None:
         for t in tickets:

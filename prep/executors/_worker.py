@@ -25,19 +25,12 @@ from ..core.policy import RAISE, Policy, ResultCheck
 from ..core.rows import Rows
 from ..errors import RemoteTraceback, RowError, SetupError
 from ._base import BLOCK, Job
-
-_THREAD_VARS = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-)
+from ._context import OWN, Context, follow
 
 
 def limit_threads(threads: int) -> None:
     """Cap torch's intra-op pool and the BLAS/OpenMP pools of this process."""
-    for var in _THREAD_VARS:
+    for var in sorted(OWN):
         os.environ[var] = str(threads)
     torch.set_num_threads(threads)
 
@@ -146,6 +139,13 @@ def error_from_reply(reply: tuple[Any, ...]) -> BaseException:
     err = RowError(row, f"row {row}: {name}: {text}")
     err.__cause__ = exc
     return err
+
+
+def run_chunk_as_caller(context: Context, *args: Any) -> tuple[Any, ...]:
+    """:func:`run_chunk` in the caller's directory and environment (``context``: a
+    loky worker, which hears from the caller only through its tasks, gets it with each)."""
+    follow(context)
+    return run_chunk(*args)
 
 
 def run_chunk(

@@ -25,6 +25,7 @@ from ..errors import WorkerCrashed
 from . import _worker
 from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
 from ._chunks import ChunkMerge
+from ._context import Follower
 from ._isolation import Isolation
 
 
@@ -35,6 +36,7 @@ class JoblibExecutor(Executor):
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)
         self._pool: Any = None  # a loky.ProcessPoolExecutor, started on first use
+        self._follower = Follower()  # the caller's directory and environment, for each task
 
     def run(self, job: Job) -> Output | None:
         n = len(job.rows)
@@ -80,10 +82,10 @@ class JoblibExecutor(Executor):
         # does not pay for it at start-up
         from loky.process_executor import TerminatedWorkerError
 
-        pool = self._started(job)
+        pool, ctx, fn, policy = self._started(job), self._follower.now(), job.fn, job.policy
+        run = _worker.run_chunk_as_caller
         futures = {
-            pool.submit(_worker.run_chunk, job.fn, job.rows.take(a, b), a, b, job.policy): (a, b)
-            for a, b in chunks
+            pool.submit(run, ctx, fn, job.rows.take(a, b), a, b, policy): (a, b) for a, b in chunks
         }
         errors: list[BaseException] = []
         try:
