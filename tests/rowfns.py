@@ -188,3 +188,19 @@ def marks_then_sleeps(row: torch.Tensor, *, path: str, seconds: float) -> torch.
         pass
     time.sleep(seconds)
     return row
+
+
+def wwm_row(input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """A dict-shard row function in pure Python, as issue 30's user wrote one: ``input_ids``
+    [L] and its scalar ``lengths`` (a 0-d tensor) by name; ids past the length become 0,
+    and a row whose length is 7 raises (a bad sample)."""
+    n = int(lengths)
+    if n == 7:
+        raise ValueError(f"bad sample: length {n}")
+    ids = input_ids.tolist()
+    return torch.tensor([t if i < n else 0 for i, t in enumerate(ids)], dtype=torch.int64)
+
+
+def needs_state(x: torch.Tensor, *, state: dict) -> torch.Tensor:
+    """A row function that takes per-worker state (``--setup``)."""
+    return x + state["offset"]

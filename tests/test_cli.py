@@ -184,8 +184,12 @@ def test_bad_shards_skip_or_stop(tmp_path, capsys):
     err = capsys.readouterr().err
     assert not marker.exists()
     assert "2 done, 0 skipped, 2 failed" in err
-    assert "shard-00001.pt: ShardError:" in err and "--trust-pickle" in err
-    assert "shard-00002.pt: ShardError:" in err and "truncated" in err
+    assert "shard-00001.pt FAILED: " in err and "--trust-pickle" in err
+    assert "shard-00002.pt FAILED: " in err and "truncated" in err
+    assert "Traceback" not in err  # prep's verdict on a file says it all; the rest:
+    failures = Manifest(out).failures()
+    assert sorted(failures) == ["shard-00001.pt", "shard-00002.pt"]
+    assert "Traceback" in failures["shard-00002.pt"]["traceback"]
     assert sorted(outputs(out)) == ["shard-00000.pt", "shard-00003.pt"]
     assert sorted(Manifest(out).entries()) == ["shard-00000.pt", "shard-00003.pt"]
     # stop (the default): shards in flight finish, no new one starts
@@ -213,11 +217,15 @@ def test_a_failed_shard_shows_its_traceback(tmp_path, capsys, monkeypatch):
     data = make(tmp_path / "data", shards=2)
     assert cli("run", data, "--out", tmp_path / "o", *SIDE, "--quiet", "--on-error", "skip") == 1
     err = capsys.readouterr().err
+    assert "prep run: shard-00000.pt failed with (prep's own frames left out):" in err
     for name in ("shard-00000.pt", "shard-00001.pt"):
-        assert f"prep run: {name} failed with:" in err
-        assert f"{name}: RuntimeError: a bug inside prep" in err  # the one-line list, last
-    assert err.count("Traceback (most recent call last)") == 2
-    assert "in run_shard" in err and "in broken_save" in err
+        assert f"\n  {name}: RuntimeError: a bug inside prep\n" in err  # the one-line list
+    assert err.count("Traceback (most recent call last)") == 1  # the first failure's only
+    assert "in broken_save" in err and "in run_shard" not in err
+    # the whole of each, prep's frames included, is in the manifest
+    failures = Manifest(tmp_path / "o").failures()
+    assert all("in run_shard" in f["traceback"] for f in failures.values())
+    assert len(failures) == 2
     # and for code, in the summary
     config = prep.run.RunConfig("prep.ops:side_context_row", {"max_len": 5})
     summary = prep.run.run_shards([data], tmp_path / "o2", config, on_error="skip")
@@ -251,7 +259,7 @@ def test_unwritable_outputs(tmp_path, capsys):
     (out / "sub").write_text("in the way")
     assert cli("run", data, "--out", out, *SIDE, "--on-error", "skip") == 1
     err = capsys.readouterr().err
-    assert "sub/c.pt: FileExistsError" in err or "sub/c.pt: NotADirectoryError" in err
+    assert "sub/c.pt FAILED: FileExistsError" in err or "sub/c.pt FAILED: NotADirectoryError" in err
     assert sorted(Manifest(out).entries()) == ["shard-00000.pt", "shard-00001.pt"]
     assert temps_in(out) == []
 
@@ -352,7 +360,7 @@ def test_dask_cluster_gives_the_same_bytes(tmp_path, capsys):
         assert cli("run", data, "--out", tmp_path / "dask", *SIDE, "--on-error", "skip",
                    "--cluster", address) == 1  # fmt: skip
     err = capsys.readouterr().err
-    assert err.count("shard-00002.pt: ShardError:") == 2
+    assert err.count("shard-00002.pt FAILED: ") == 2
     assert outputs(tmp_path / "dask") == outputs(tmp_path / "local")
     assert sorted(Manifest(tmp_path / "dask").entries()) == ["shard-00000.pt", "shard-00001.pt"]
 

@@ -107,7 +107,7 @@ def test_pad_to_fixes_the_shape_and_a_larger_row_fails_its_shard(tmp_path, capsy
                "--on-error", "skip")  # fmt: skip
     assert code == 1  # sub/c.pt has a row of 6
     err = capsys.readouterr().err
-    assert "sub/c.pt: StackError:" in err and "larger than the fixed (5,)" in err
+    assert "sub/c.pt FAILED: StackError:" in err and "larger than the fixed (5,)" in err
     got = S.load_shard(out / "b.pt")
     assert got["out"].shape == (2, 5) and got["out_lengths"].tolist() == [2, 2]
     assert entry(out, "a.pt")["pad_to"] == [5] and "pad" not in entry(out, "a.pt")
@@ -180,7 +180,8 @@ def test_skip_leaves_the_failed_rows_out(tmp_path, capsys):
     assert got["out_lengths"].tolist() == [1, 0, 2]  # rows 1, 2 and 4 of [4, 1, 0, 6, 2]
     assert got["out"].tolist() == [[2.0, 0.0], [0.0, 0.0], [5.0, 5.0]]  # padded to those kept
     e = entry(out, "sub/c.pt")
-    assert e["failed_rows"] == [0, 3] and e["rows"] == 5 and "fill" not in e
+    assert e["failed_rows"] == [0, 3] and "fill" not in e
+    assert (e["rows"], e["input_rows"]) == (3, 5)  # what the output holds, and the input
     errors = [r["error"] for r in e["row_errors"]]
     assert errors == ["ValueError: bad sample 1", "ValueError: bad sample 4"]
     assert entry(out, "b.pt")["failed_rows"] == [] and entry(out, "b.pt")["row_errors"] == []
@@ -252,14 +253,14 @@ def test_shard_level_skip_still_skips_a_broken_shard_beside_row_level_fill(tmp_p
     assert cli("run", data, "--out", out, *VARIABLE, "--pad", 0, "--executor", "serial",
                "--on-error", "skip", "--on-row-error", "fill") == 1  # fmt: skip
     err = capsys.readouterr().err
-    assert "2 done, 0 skipped, 1 failed" in err and "b.pt: ShardError:" in err
+    assert "2 done, 0 skipped, 1 failed" in err and "b.pt FAILED: " in err
     assert "3 row(s) in 2 shard(s) failed and were filled" in err
     assert sorted(Manifest(out).entries()) == ["a.pt", "sub/c.pt"]
     # and without row-level errors a failing row fails its shard, as before
     assert cli("run", data, "--out", tmp_path / "raise", *VARIABLE, "--pad", 0,
                "--executor", "serial", "--on-error", "skip", "--quiet") == 1  # fmt: skip
     err = capsys.readouterr().err
-    assert "a.pt: RowError: row 1: ValueError: bad sample 2" in err
+    assert "a.pt: row 1: ValueError: bad sample 2; --on-row-error skip" in err
     assert sorted(Manifest(tmp_path / "raise").entries()) == []
 
 

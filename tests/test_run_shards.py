@@ -147,9 +147,12 @@ def test_a_shard_error_keeps_its_own_type_and_traceback(tmp_path, capsys):
                "--on-error", "skip", "--quiet")  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1
-    # each shard's row 5 raises: every shard fails with the row's error and where it was
-    assert err.count("RowError: row 5: ValueError: cannot handle 5") == 3
-    assert "in fail_on_5" in err  # the function's own line, from the worker's traceback
+    # s0's row 5 raises: the shard fails with the row's error, and where it was
+    assert "\n  s0.pt: row 5: ValueError: cannot handle 5; --on-row-error skip" in err
+    assert err.count("in fail_on_5") == 1  # one traceback: the function's own line
+    assert "prep/executors" not in err  # from the worker's traceback, prep's frames left out
+    failures = Manifest(tmp_path / "out").failures()
+    assert all("RowError: row 5" in f["traceback"] for f in failures.values())
 
 
 def _slow_shards(folder: pathlib.Path) -> None:

@@ -4,6 +4,7 @@ The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow
 
     shards.py    find, load (weights_only) and save (temp file, fsync, rename) shard files
     manifest.py  manifest.jsonl: one fsynced line per finished shard; what --resume trusts
+    calls.py     --fn and --setup found (a module or a .py path); a row call checked
     config.py    RunConfig: the function, its arguments, the row options; checked up front
     task.py      one shard's work, wherever it runs: load -> map_rows -> save -> entry
     rows.py      what an output holds under the row options: lengths, failed rows recorded
@@ -25,7 +26,8 @@ The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow
 
 from __future__ import annotations
 
-from .config import ROW_ERRORS, RunConfig, load_fn
+from .calls import load_fn
+from .config import ROW_ERRORS, RunConfig
 from .jobs import ON_ERROR, run_shards
 from .local import explain_run
 from .manifest import Manifest

@@ -29,12 +29,12 @@ from typing import Any
 
 from torch import Tensor
 
-from .._imports import load_callable
 from ..core.checks import call_problem, check_device, signature, takes_keyword
 from ..core.options import Options
 from ..core.policy import ON_ERROR
 from ..errors import ConfigError, ShardError
 from ..registry import executor_class
+from .calls import call_mismatch, load_fn
 from .shards import FORMATS, load_shard
 
 __all__ = ["ROW_ERRORS", "RunConfig", "load_fn"]
@@ -88,7 +88,7 @@ class RunConfig:
 
     def setup_fn(self) -> Callable[[], Any] | None:
         """``--setup`` imported (where the shard runs), or None."""
-        return load_callable(self.setup, "--setup") if self.setup else None
+        return load_fn(self.setup, "--setup") if self.setup else None
 
     @property
     def padded(self) -> bool:
@@ -172,12 +172,13 @@ class RunConfig:
         ):
             raise ConfigError(f"pad_to={to!r} is not a tuple of sizes >= 0; e.g. (128,) or (3, 64)")
 
-    def check_call(self, columns: Iterable[str] | None = None) -> None:
+    def check_call(self, columns: Iterable[str] | None = None, path: Path | None = None) -> None:
         """A ConfigError, before any row runs, if ``--fn`` cannot be called on a row as
         ``prep run`` calls it: ``--arg`` by name, the row's tensors positionally
-        (``--columns``) or by name (``columns``, a shard's names), ``state=`` with
-        ``--setup``. Where the names are not known yet (no shard read), only what
-        ``--arg`` gives is checked: a name the function does not take."""
+        (``--columns``) or by name (``columns``, the names in the shard at ``path``),
+        ``state=`` with ``--setup``; a ShardError naming ``path`` where the shard lacks a
+        column the function needs (:func:`prep.run.calls.call_mismatch`). Where the names
+        are not known yet (no shard read), only what ``--arg`` gives is checked."""
         fn = load_fn(self.fn)
         if self.setup and not takes_keyword(fn, "state"):
             raise ConfigError(
@@ -186,13 +187,21 @@ class RunConfig:
                 f"or drop --setup"
             )
         given = dict(self.args) | ({"state": None} if self.setup else {})
+        if columns is not None and self.columns is None:
+            names = [c for c in columns if c not in given]
+            error = call_mismatch(fn, self.fn, names, given, self.setup, path)
+            if error is not None:
+                raise error
+            return
         if self.columns is not None:
             problem = call_problem(fn, len(self.columns), **given)
             call = ", ".join([*self.columns, *(f"{k}=..." for k in given)])
-        elif columns is not None:
-            names = [c for c in columns if c not in given]
-            problem = call_problem(fn, 0, names, **given)
-            call = ", ".join(f"{k}=..." for k in [*names, *given])
+            if problem is not None and "'state'" in problem and not self.setup:
+                raise ConfigError(
+                    f"--fn {self.fn} takes per-worker state as state=, and no --setup gives "
+                    f"it; pass --setup MODULE:FUNCTION, a function that builds the state "
+                    f"(called once in each worker)"
+                )
         else:
             problem = _unknown_args(fn, given)
             call = ", ".join(["<columns>", *(f"{k}=..." for k in given)])
@@ -206,19 +215,15 @@ class RunConfig:
     def check_first_shard(self, path: Path) -> None:
         """:meth:`check_call` with the names of the first shard's tensors (read, not
         computed on), so that a call that cannot work fails once, before any shard runs.
-        A shard that cannot be read is left to its own run to report."""
+        A shard that cannot be read, or lacks a column, is left to its own run to report
+        (a ShardError naming it, under --on-error)."""
         if self.columns is not None:
             return
         try:
             names = list(load_shard(path, trust_pickle=self.trust_pickle))
+            self.check_call(names, path)
         except ShardError:
             return
-        self.check_call(names)
-
-
-def load_fn(spec: str) -> Callable[..., Any]:
-    """Import ``module:function`` for ``--fn`` (the function may be dotted)."""
-    return load_callable(spec, "--fn")
 
 
 def _unknown_args(fn: Callable[..., Any], given: Mapping[str, Any]) -> str | None:

@@ -25,22 +25,23 @@ a second run would otherwise silently mix two runs' outputs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import time
-import traceback
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import ConfigError, ShardError, Terminated
+from ..errors import ConfigError, RowError, Terminated
+from . import failures
 from .config import RunConfig
 from .local import check_parallel, local_backend
-from .manifest import Manifest
+from .manifest import Manifest, recipe_changes
 from .plan import PARALLEL, ShardPlan
 from .progress import ShardProgress, Summary
-from .shards import find_shards
+from .shards import find_shards, other_files
 from .signals import shielded
 from .task import ShardTask
 from .temps import remove_stale_temps
@@ -144,8 +145,8 @@ def run_shards(
     """
     _check(config, jobs, on_error, parallel)
     folder = Path(out)
-    manifest, todo, summary, stale = _plan(list(inputs), folder, config, resume)
     progress = progress or ShardProgress(quiet=True)
+    manifest, todo, summary, stale = _plan(list(inputs), folder, config, resume, progress)
     if not todo:  # all done already: no pool or cluster to start
         progress.start(0, summary.skipped, len(stale))
         progress.finish(summary)
@@ -185,19 +186,28 @@ def _abandon(
 
 
 def _plan(
-    inputs: list[str | os.PathLike[str]], folder: Path, config: RunConfig, resume: bool
+    inputs: list[str | os.PathLike[str]],
+    folder: Path,
+    config: RunConfig,
+    resume: bool,
+    progress: ShardProgress,
 ) -> tuple[Manifest, deque[ShardTask], Summary, list[Path]]:
-    """The manifest, the shards still to do, the summary so far and the stale temps removed."""
+    """The manifest, the shards still to do, the summary so far and the stale temps
+    removed; what the run will not do as asked is said first (files that are not shards,
+    shards redone because the recipe changed)."""
     shards = find_shards(inputs)
     config.check_first_shard(shards[0].path)  # before --out is made or any shard runs
     _prepare_out(folder, inputs)
     manifest = Manifest(folder)
     previous = manifest.entries()
-    if previous and not resume:
+    if (previous or manifest.failures()) and not resume:
         raise ConfigError(
             f"--out {str(folder)!r} holds the manifest of an earlier run ({len(previous)} "
             f"shard(s) done); pass --resume to finish that run, or choose a new --out"
         )
+    others = other_files(inputs)
+    if others:
+        progress.note(_skipped_files(others))
     stale = remove_stale_temps(folder)
     recipe = config.recipe()
     todo = deque(
@@ -205,6 +215,14 @@ def _plan(
         for s in shards
         if not manifest.is_done(previous.get(s.rel), s, recipe)
     )
+    changed = [c for t in todo if t.source.rel in previous for c in
+               [recipe_changes(previous[t.source.rel], recipe)] if c]  # fmt: skip
+    if changed:
+        progress.warn(
+            f"the recipe changed since {len(changed)} shard(s) were done "
+            f"({'; '.join(changed[0])}): they will be computed again and their outputs "
+            f"replaced; to keep them, stop now (Ctrl-C) and choose a new --out"
+        )
     summary = Summary(
         shards=len(shards),
         skipped=len(shards) - len(todo),
@@ -240,7 +258,7 @@ def _drive(
         in_flight -= 1
         summary.abandoned = in_flight
         if isinstance(outcome, BaseException):
-            _record_failure(task, outcome, progress, summary)
+            _record_failure(task, outcome, manifest, progress, summary)
             # a setting that cannot work (the function cannot be called on these
             # columns) fails every shard alike: stop whatever --on-error says
             stopping = stopping or on_error == "stop" or isinstance(outcome, ConfigError)
@@ -257,13 +275,31 @@ def _drive(
 
 
 def _record_failure(
-    task: ShardTask, exc: BaseException, progress: ShardProgress, summary: Summary
+    task: ShardTask,
+    exc: BaseException,
+    manifest: Manifest,
+    progress: ShardProgress,
+    summary: Summary,
 ) -> None:
-    # the one-line error for the progress and the summary, and the whole traceback,
-    # or a bug (in prep or the function) would leave no trace of where it happened;
-    # a ShardError or ConfigError with no cause is prep's complete verdict
-    error = f"{type(exc).__name__}: {exc}"
+    """One line for the terminal; the whole traceback in the manifest and the summary
+    (a bug, in prep or the function, must leave a trace of where it happened)."""
+    error = failures.line(exc)
     summary.failed.append((task.source.rel, error))
-    if not (isinstance(exc, (ShardError, ConfigError)) and exc.__cause__ is None):
-        summary.tracebacks[task.source.rel] = "".join(traceback.format_exception(exc))
+    summary.tracebacks[task.source.rel] = failures.full(exc)
+    if not summary.traceback and failures.wants_traceback(exc):
+        summary.traceback = failures.short(exc)  # the terminal shows the first one only
+        summary.traceback_of = task.source.rel
+    summary.row_failures += isinstance(exc, RowError)
+    with contextlib.suppress(OSError):  # it was read before it failed, or tried
+        summary.bytes_read += task.source.path.stat().st_size
+    manifest.append(failures.entry(task, exc))
     progress.failed(task.source.rel, error)
+
+
+def _skipped_files(others: list[Path]) -> str:
+    names = ", ".join(str(p) for p in others[:3]) + (", ..." if len(others) > 3 else "")
+    text = f"{len(others)} file(s) under the inputs are not .pt or .safetensors shards, "
+    text += f"and are skipped: {names}"
+    if any(p.suffix == ".pth" for p in others):
+        text += "; a .pth file torch.save wrote is a .pt file: rename it to .pt to include it"
+    return text

@@ -15,16 +15,26 @@ One entry (schema 1; keys sorted when written)::
      "columns": null, "prep": "0.1.0", "torch": "2.13.0",
      "seconds": 0.41, "finished": "2025-01-01T12:00:00Z"}
 
+``rows`` is what the output holds and ``input_rows`` what the input held (they
+differ under ``--on-row-error skip``); ``executor`` is what ran the shard's rows
+(``auto``'s choice, or the one asked for: ``executor_asked``), recorded, not compared.
 The row-level options (:class:`~prep.run.RunConfig`) add their fields only when given,
 so an entry without them is one made with the defaults; ``--on-row-error
 fill``/``skip`` also record the shard's failed rows, every index, and the errors
-of the first 100 (``rows`` stays the input's count; under skip the output holds
-``rows - len(failed_rows)``)::
+of the first 100::
 
      "pad": 0, "pad_to": [16], "on_row_error": "fill", "fill": -1,
      "failed_rows": [3, 17],
      "row_errors": [{"row": 3, "error": "ValueError: bad sample 4"},
                     {"row": 17, "error": "ValueError: bad sample 18"}]
+
+A shard that failed gets a line too, with ``"failed": true``, its one-line ``error``
+and its whole ``traceback`` (what the terminal leaves out); :meth:`Manifest.entries`
+skips those lines and :meth:`Manifest.failures` returns them::
+
+    {"schema": 1, "input": "b.pt", "failed": true,
+     "error": "row 5: ValueError: bad sample; --on-row-error skip ...",
+     "traceback": "Traceback (most recent call last): ...", ...}
 
 A shard counts as done (and ``--resume`` skips it) only when its latest entry
 matches the input's current size and mtime, the same ``fn``, ``args`` and
@@ -45,12 +55,39 @@ from typing import IO, Any
 
 from .shards import ShardFile, sha256_file
 
-__all__ = ["NAME", "SCHEMA", "Manifest"]
+__all__ = ["NAME", "SCHEMA", "Manifest", "recipe_changes"]
 
 NAME = "manifest.jsonl"
 SCHEMA = 1
 #: the fields that say which computation produced an output (absent: the default)
 RECIPE = ("fn", "args", "columns", "pad", "pad_to", "on_row_error", "fill")
+#: each recipe field as the flag that sets it, for recipe_changes
+_FLAGS = {
+    "fn": "--fn", "columns": "--columns", "pad": "--pad", "pad_to": "--pad-to",
+    "on_row_error": "--on-row-error", "fill": "--fill", "setup": "--setup",
+}  # fmt: skip
+
+
+def recipe_changes(entry: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[str]:
+    """What differs between the recipe an entry was made with and ``recipe``, as flags:
+    ``["--arg side: 'left' -> 'right'", "--pad: none -> 0"]``; empty if nothing does."""
+    found = []
+    old_args, new_args = entry.get("args") or {}, recipe.get("args") or {}
+    for key in sorted(set(old_args) | set(new_args)):
+        if old_args.get(key, _NONE) != new_args.get(key, _NONE):
+            found.append(f"--arg {key}: {_said(old_args.get(key, _NONE))} -> "
+                         f"{_said(new_args.get(key, _NONE))}")  # fmt: skip
+    for key, flag in _FLAGS.items():
+        if entry.get(key) != recipe.get(key):
+            found.append(f"{flag}: {_said(entry.get(key))} -> {_said(recipe.get(key))}")
+    return found
+
+
+_NONE = object()
+
+
+def _said(value: Any) -> str:
+    return "none" if value is None or value is _NONE else repr(value)
 
 
 class Manifest:
@@ -62,26 +99,38 @@ class Manifest:
         self._file: IO[str] | None = None
 
     def entries(self) -> dict[str, dict[str, Any]]:
-        """The latest entry per input (later lines win); torn or foreign lines are skipped."""
-        latest: dict[str, dict[str, Any]] = {}
+        """The latest finished shard's entry per input (later lines win); failures, torn
+        and foreign lines are skipped."""
+        return {e["input"]: e for e in self._lines() if not e.get("failed")}
+
+    def failures(self) -> dict[str, dict[str, Any]]:
+        """The failure per input whose line is the input's latest (not redone since)."""
+        latest = {e["input"]: e for e in self._lines()}
+        return {k: e for k, e in latest.items() if e.get("failed")}
+
+    def _lines(self) -> list[dict[str, Any]]:
+        """Every entry of this schema, in order; a torn last line is skipped."""
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return latest
+            return []
+        found = []
         for line in text.splitlines():
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue  # a torn last line from a crash mid-append
             if isinstance(entry, dict) and entry.get("schema") == SCHEMA and "input" in entry:
-                latest[entry["input"]] = entry
-        return latest
+                found.append(entry)
+        return found
 
     def is_done(
         self, entry: Mapping[str, Any] | None, shard: ShardFile, recipe: Mapping[str, Any]
     ) -> bool:
         """Whether ``entry`` proves that ``shard``'s output under this folder is current."""
-        if entry is None or any(entry.get(k) != recipe.get(k) for k in RECIPE):
+        if entry is None or entry.get("failed"):
+            return False
+        if any(entry.get(k) != recipe.get(k) for k in RECIPE):
             return False
         try:
             st = shard.path.stat()

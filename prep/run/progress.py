@@ -24,10 +24,14 @@ class Summary:
     shards: int = 0  # found
     done: int = 0
     skipped: int = 0  # already done, per the manifest
-    failed: list[tuple[str, str]] = field(default_factory=list)  # (input, error)
-    #: input -> the formatted traceback of its failure (all but a ShardError with no
-    #: cause, whose message says everything); printed at the end
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (input, one-line error)
+    #: input -> the whole formatted traceback of its failure (also in the manifest)
     tracebacks: dict[str, str] = field(default_factory=dict)
+    #: the first failure's traceback, prep's frames left out, printed at the end ("" where
+    #: every failure is prep's verdict on a file or a setting, which says it all)
+    traceback: str = ""
+    traceback_of: str = ""  # the input whose traceback that is
+    row_failures: int = 0  # shards failed by a row the function raised on
     not_started: int = 0  # after a stop on error, or an interrupt
     abandoned: int = 0  # in flight when interrupted
     rows: int = 0
@@ -81,6 +85,15 @@ class ShardProgress:
         if self.bar_wanted:  # the stream's bar too: shards with their rows and rows/s
             self._bar = CountBar("shard", todo, "prep run", self.stream)
 
+    def note(self, text: str) -> None:
+        """A line the person may want to know (not under ``quiet``)."""
+        if not self.quiet:
+            self._line(f"note: {text}")
+
+    def warn(self, text: str) -> None:
+        """A line the person must know, even under ``quiet``."""
+        self._line(f"warning: {text}")
+
     def done(self, entry: dict[str, Any]) -> None:
         self._count += 1
         self._rows += int(entry["rows"])
@@ -91,7 +104,7 @@ class ShardProgress:
         else:
             self._line(
                 f"[{self._count}/{self._total}] {entry['input']}: {entry['rows']:,} rows "
-                f"in {entry['seconds']:.2f} s{_failed_rows(entry)}"
+                f"in {entry['seconds']:.2f} s{_ran(entry)}{_failed_rows(entry)}"
             )
 
     def failed(self, name: str, error: str) -> None:
@@ -112,8 +125,8 @@ class ShardProgress:
             secs = max(s.seconds, 1e-9)
             self._line(
                 f"{s.shards} shard(s): {s.done} done, {s.skipped} skipped, {len(s.failed)} "
-                f"failed, {s.not_started + s.abandoned} not finished; {s.rows:,} rows; "
-                f"{mb:,.1f} MB read in {s.seconds:.2f} s ({mb / secs:,.1f} MB/s, "
+                f"failed, {s.not_started + s.abandoned} not finished; {s.rows:,} rows "
+                f"written; {mb:,.1f} MB read in {s.seconds:.2f} s ({mb / secs:,.1f} MB/s, "
                 f"{s.rows / secs:,.0f} rows/s)"
             )
         if s.rows_failed:
@@ -123,13 +136,8 @@ class ShardProgress:
                 f"failed and were {what} (--on-row-error {s.on_row_error}); each shard's "
                 f"failed_rows and row_errors are in {s.manifest}"
             )
-        for name, tb in s.tracebacks.items():
-            self._line(f"{name} failed with:")
-            print(tb.rstrip("\n"), file=self.stream)
         if s.failed:
-            self._line(f"{len(s.failed)} shard(s) failed:")
-            for name, error in s.failed:
-                print(f"  {name}: {error}", file=self.stream)
+            self._failures(s)
         if s.interrupted is not None:
             self._line(
                 f"interrupted by {s.interrupted}: {s.abandoned} shard(s) in flight abandoned "
@@ -139,8 +147,25 @@ class ShardProgress:
         elif s.failed and s.not_started:
             self._line(
                 f"stopped after the first failure; {s.not_started} shard(s) not started. "
-                f"Fix the failure and rerun with --resume, or pass --on-error skip"
+                f"Fix the failure and rerun with --resume, or pass --on-error skip to go on "
+                f"past failed shards{_row_hint(s, '. ')}"
             )
+
+    def _failures(self, s: Summary) -> None:
+        """One traceback at most, and one line per failed shard (those printed as they
+        failed are not repeated); the rest is in the manifest."""
+        if s.traceback:
+            self._line(f"{s.traceback_of} failed with (prep's own frames left out):")
+            print(s.traceback.rstrip("\n"), file=self.stream)
+        where = f"each one's error and traceback are in {s.manifest}"
+        if self.quiet:  # not listed as they failed
+            self._line(f"{len(s.failed)} shard(s) failed; {where}:")
+            for name, error in s.failed:
+                print(f"  {name}: {error}", file=self.stream)
+        else:
+            self._line(f"{len(s.failed)} shard(s) failed (listed above); {where}")
+        if s.row_failures and not s.not_started and s.interrupted is None:
+            self._line(f"rerun with --resume{_row_hint(s, '; ')}")
 
     def _line(self, text: str) -> None:
         print(f"prep run: {text}", file=self.stream, flush=True)
@@ -153,3 +178,23 @@ def _failed_rows(entry: dict[str, Any]) -> str:
         return ""
     what = "filled" if entry.get("on_row_error") == "fill" else "left out"
     return f"; {len(failed):,} row(s) failed, {what}"
+
+
+def _ran(entry: dict[str, Any]) -> str:
+    """``" (rows: processes, chosen by auto)"``: what ran the shard's rows, if recorded."""
+    ran = entry.get("executor")
+    if not ran:
+        return ""
+    asked = entry.get("executor_asked")
+    return f" (rows: {ran}{', chosen by ' + asked if asked else ''})"
+
+
+def _row_hint(s: Summary, before: str) -> str:
+    """What saves the shards a row failed, if any did: ``--on-row-error``, not --on-error."""
+    if not s.row_failures:
+        return ""
+    return (
+        f"{before}--on-row-error skip (leave out the rows the function raises on) or fill "
+        f"(--fill VALUE in their place) saves the {s.row_failures} shard(s) a row failed, "
+        f"each one's manifest entry listing its failed rows"
+    )

@@ -45,6 +45,7 @@ __all__ = [
     "find_shards",
     "load_shard",
     "make_shards",
+    "other_files",
     "save_shard",
     "sha256_file",
 ]
@@ -101,6 +102,21 @@ def find_shards(inputs: Iterable[str | os.PathLike[str]]) -> list[ShardFile]:
         names = ", ".join(repr(str(i)) for i in inputs) or "(none)"
         raise ConfigError(f"no {' or '.join(FORMATS)} files found in {names}")
     return list(found.values())
+
+
+def other_files(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The files under the input folders that :func:`find_shards` leaves out (not
+    ``.pt`` or ``.safetensors``; hidden files, such as temporary ones, aside), sorted."""
+    found = []
+    for given in inputs:
+        root = Path(given)
+        if root.is_dir():
+            found += [
+                p for p in root.rglob("*")
+                if p.suffix not in FORMATS and p.is_file()
+                and not any(part.startswith(".") for part in p.relative_to(root).parts)
+            ]  # fmt: skip
+    return sorted(found)
 
 
 # ------------------------------------------------------------------ loading

@@ -122,18 +122,19 @@ def run_shard(
     tensors = load_shard(src.path, trust_pickle=config.trust_pickle)
     batch, rows = shard_batch(tensors, config.columns, src.path)
     if config.columns is None:  # the row's tensors go by their names in this shard
-        config.check_call(list(batch))
+        config.check_call(list(batch), src.path)
     fn = config.bound_fn()
     if config.device is not None and torch.device(config.device).type != "cpu":
         # compute where the result is wanted: the batched twin then runs on the GPU
         batch = _to(batch, config.device)
     with compute or contextlib.nullcontext():
         _check(cancel, src)
-        result = _map(fn, batch, rows, config, pool, src)
+        result, ran = _map(fn, batch, rows, config, pool, src)
     _check(cancel, src)
     if _stat(src.path) != before:  # with mmap the data was read during the call
         raise ShardError(f"{src.path}: changed while it was read; rerun once it is complete")
     tensors, failures = _outputs(result, config)
+    kept = rows - len(failures["failed_rows"]) if config.on_row_error == "skip" else rows
     dest, rel = src.output(task.out, config.format)
     sha, size = save_shard(tensors, dest, config.format or src.format, temps)
     return {
@@ -144,8 +145,10 @@ def run_shard(
         "output": rel,
         "output_size": size,
         "output_sha256": sha,
-        "rows": rows,
+        "rows": kept,
+        "input_rows": rows,
         **config.recipe(),
+        **ran,
         **failures,
         "prep": __version__,
         "torch": torch.__version__,
@@ -184,13 +187,14 @@ def _map(
     config: RunConfig,
     pool: Pool | None,
     src: ShardFile,
-) -> Any:
-    """``map_rows`` on the shard, through ``pool`` if there is one, with the row options."""
+) -> tuple[Any, dict[str, str]]:
+    """``map_rows`` on the shard, through ``pool`` if there is one, with the row options;
+    and the entry's fields that say what ran the rows (:func:`ran_with`)."""
     options = config.row_options()
     try:
         if pool is None:
             pool = SHARED.pool(config.executor, config.workers, config.setup_fn())
-        return pool.run(fn, rows_of(batch), options)
+        return pool.run(fn, rows_of(batch), options), ran_with(pool, config.executor)
     except RowError as exc:
         if config.on_row_error == "raise":
             raise
@@ -200,6 +204,15 @@ def _map(
             f"{src.path}: all {rows} rows failed (--on-row-error {config.on_row_error}), "
             f"so there is no output to save; the first, {exc.__cause__ or exc}"
         ) from exc
+
+
+def ran_with(pool: Pool, asked: str) -> dict[str, str]:
+    """``{"executor": what ran the rows}``, with ``"executor_asked": "auto"`` where auto
+    chose it (its latest choice for the function: a shard's rows all run with one)."""
+    if pool.executor != "auto":
+        return {"executor": pool.executor}
+    choices = pool.choices()
+    return {"executor": choices[-1].choice if choices else "auto", "executor_asked": "auto"}
 
 
 def _outputs(result: Any, config: RunConfig) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -239,7 +252,7 @@ def explain_first_shard(
     first = find_shards(inputs)[0].path  # find_shards raises ConfigError when there are none
     tensors = load_shard(first, trust_pickle=config.trust_pickle)
     batch, rows = shard_batch(tensors, config.columns, first)
-    config.check_call(list(batch) if isinstance(batch, dict) else None)
+    config.check_call(list(batch) if isinstance(batch, dict) else None, first)
     if rows == 0:
         raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
     fn = config.bound_fn()
