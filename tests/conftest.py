@@ -69,10 +69,10 @@ def pool_children(pid: int | None = None) -> dict[int, str]:
     return {p: c for p, c in descendants(pid).items() if p not in servers}
 
 
-#: /dev/shm names that prep, torch and loky create: torch's segments, prep's, loky's.
-#: Not yet loky's semaphores ("sem.loky-..."): one is left after a joblib worker is
-#: killed under on_error='fill' (tests/test_ragged's crash cases); issue 29 takes it up
-SHM_PREFIXES = ("torch_", "prep", "loky")
+#: /dev/shm names that prep, torch and loky create: torch's segments, prep's, loky's
+#: segments and the semaphores loky makes for this process's pools (named after its
+#: pid: another process's tests, running beside these, make their own)
+SHM_PREFIXES = ("torch_", "prep", "loky", f"sem.loky-{os.getpid()}-")
 
 
 def shm_entries() -> set[str]:

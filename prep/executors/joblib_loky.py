@@ -15,6 +15,7 @@ stuck in a hung row), never kills the user's own joblib work or another Pool's.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import multiprocessing
 import re
 import time
 from typing import Any
@@ -143,6 +144,10 @@ class JoblibExecutor(Executor):
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, kill_workers=kill)
+            # a dead worker's process object stays in multiprocessing's table of children
+            # (and holds one of loky's named semaphores) until the next process starts;
+            # active_children() forgets the finished ones now, as starting one would
+            multiprocessing.active_children()
 
     def _write(self, job: Job, reply: tuple[Any, ...]) -> list[BaseException]:
         if reply[0] != "chunk":
