@@ -441,6 +441,8 @@ def test_explain_prints_the_choice_and_writes_nothing(tmp_path, capsys):
         "--arg",
         "max_len=8",
         "--explain",
+        "--parallel",
+        "rows",  # rows spread by auto: its calibration on the first shard, whatever the plan
     )
     text = capsys.readouterr().out
     assert code == 0

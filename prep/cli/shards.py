@@ -15,7 +15,7 @@ from ..run import (
     ROW_ERRORS,
     RunConfig,
     ShardProgress,
-    explain_first_shard,
+    explain_cluster,
     explain_run,
     make_shards,
     run_shards,
@@ -210,17 +210,11 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _explain(ns: argparse.Namespace, config: RunConfig) -> int:
-    if ns.cluster is not None:
-        try:
-            first, why = explain_first_shard(ns.inputs, config)
-        finally:
-            shutdown()
-        print(f"{first}:")
-        print(f"row options: {config.row_flags()}")
-        print(why)
-        return 0
     try:
-        print(explain_run(ns.inputs, config, ns.parallel))
+        if ns.cluster is not None:
+            print(explain_cluster(ns.inputs, config, ns.cluster, ns.jobs))
+        else:
+            print(explain_run(ns.inputs, config, ns.parallel, ns.jobs))
     finally:
         shutdown()
     return 0

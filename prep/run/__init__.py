@@ -10,6 +10,7 @@ The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow
     rows.py      what an output holds under the row options: lengths, failed rows recorded
     jobs.py      the driver: shards in flight, results recorded, Ctrl-C/SIGTERM handled
     plan.py      whole shards on worker processes, or rows spread out: measured, decided
+    explain.py   --explain: the plan, threads, jobs and each shard's executor
     local.py     where shards run by default: whole on worker processes, or here by rows
     dask.py      where they run with ``cluster``: a Dask scheduler (prep[dask])
     progress.py  what the person watching sees, and the run's Summary
@@ -28,8 +29,8 @@ from __future__ import annotations
 
 from .calls import load_fn
 from .config import ROW_ERRORS, RunConfig
+from .explain import explain_cluster, explain_run
 from .jobs import ON_ERROR, run_shards
-from .local import explain_run
 from .manifest import Manifest
 from .plan import PARALLEL, ShardFigures, ShardPlan, decide
 from .progress import ShardProgress, Summary
@@ -59,6 +60,7 @@ __all__ = [
     "ShardTask",
     "Summary",
     "decide",
+    "explain_cluster",
     "explain_first_shard",
     "explain_run",
     "find_shards",

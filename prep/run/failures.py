@@ -7,8 +7,9 @@
                                    frames where others remain: the row function's lines
               ─▶ entry(task, exc) the manifest line: the error and the full traceback
 
-A ShardError or ConfigError is prep's complete verdict on a file or a setting: it
-gets no traceback on the terminal (the manifest still holds it).
+Only the row function's own exception (a RowError) and a bug get a traceback on the
+terminal: any other PrepError is prep's complete verdict on a file, a setting or a
+result (the manifest still holds its traceback).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..errors import ConfigError, RemoteTraceback, RowError, ShardError
+from ..errors import PrepError, RemoteTraceback, RowError, ShardError
 from .manifest import SCHEMA
 from .task import ShardTask
 
@@ -53,9 +54,9 @@ def line(exc: BaseException) -> str:
 
 
 def wants_traceback(exc: BaseException) -> bool:
-    """Whether the terminal should show where ``exc`` came from (prep's own verdict on
-    a file or a setting says it all)."""
-    return not isinstance(exc, (ShardError, ConfigError))
+    """Whether the terminal should show where ``exc`` came from: the row function's own
+    exception, or a bug; prep's verdict on a file, a setting or a result says it all."""
+    return isinstance(exc, RowError) or not isinstance(exc, PrepError)
 
 
 def short(exc: BaseException) -> str:

@@ -29,10 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-import torch
 
 from ..core.rows import rows_of
 from ..errors import ConfigError
@@ -50,11 +47,10 @@ from ..executors import (
 from ..pool import SHARED, Pool
 from .config import RunConfig
 from .plan import Forms, ShardFigures, ShardPlan, decide, measure
-from .shards import find_shards, load_shard
+from .shards import load_shard
 from .task import (
     IN_WORKER,
     ShardTask,
-    explain_first_shard,
     run_shard,
     run_shard_on_worker,
     shard_batch,
@@ -67,10 +63,8 @@ __all__ = [
     "RowBackend",
     "ShardBackend",
     "check_parallel",
-    "explain_run",
     "local_backend",
     "plan_run",
-    "threads_line",
 ]
 
 #: shards in flight one at a time with rows spread out: two, so that one shard's reading,
@@ -241,38 +235,6 @@ def check_parallel(config: RunConfig, parallel: str) -> None:
         raise ConfigError(
             f"--parallel shards cannot run here: {why}; pass --parallel rows (or auto)"
         )
-
-
-def explain_run(inputs: Sequence[Any], config: RunConfig, parallel: str = "auto") -> str:
-    """What ``prep run`` would do with ``inputs`` here, for ``--explain``: the plan in one
-    sentence first, the threads prep sets, then how a shard's rows run (auto's
-    calibration on the first shard, where the rows are spread out by auto)."""
-    check_parallel(config, parallel)
-    shards = find_shards(inputs)
-    tasks = [ShardTask(s, Path("."), config) for s in shards]
-    plan = plan_run(config, tasks, parallel)
-    lines = [plan.sentence(), threads_line(plan), *plan.details]
-    lines += [f"{shards[0].path}:", f"row options: {config.row_flags()}"]
-    if plan.mode == "rows" and config.executor == "auto":
-        lines.append(str(explain_first_shard(inputs, config)[1]))
-    else:
-        where = "in each worker" if plan.mode == "shards" else "in this process"
-        lines.append(f"rows {where}: {plan.form}")
-    return "\n".join(lines)
-
-
-def threads_line(plan: ShardPlan) -> str:
-    """What prep sets for torch's intra-op threads under ``plan``, for ``--explain``."""
-    if plan.mode == "shards":
-        return (
-            f"torch threads: {plan.threads} in each of the {plan.workers} worker processes "
-            f"(cores / workers, so workers x threads <= cores; the DataLoader sets 1); "
-            f"this process only hands out shards"
-        )
-    return (
-        f"torch threads: this process keeps its own ({torch.get_num_threads()}) for the rows; "
-        f"a row executor's worker processes get {plan.threads} each (cores / workers)"
-    )
 
 
 def _rows_only(config: RunConfig, workers: int, shards: int, parallel: str) -> str | None:

@@ -158,8 +158,9 @@ def load_shard(path: Path, *, trust_pickle: bool = False) -> dict[str, Tensor]:
     return dict(tensors)
 
 
-#: how the two formats torch.save writes begin: a zip archive (a truncated one is still
-#: told apart by torch.load), and a pickle of protocol 2 or later (the legacy format)
+#: how the two formats torch.save writes begin: a zip archive (one without its end is
+#: truncated, said before torch.load, whose words are "Invalid argument"), and a pickle of
+#: protocol 2 or later (the legacy format)
 _STARTS = (b"PK", b"\x80")
 
 
@@ -170,6 +171,12 @@ def _load_pt(path: Path, trust_pickle: bool) -> Any:
     if not mmap:
         with open(path, "rb") as f:
             head = f.read(2)
+        if head == b"PK":  # a zip without its end: zipfile.is_zipfile found none
+            raise ShardError(
+                f"{path}: cannot be read as a shard (truncated: it starts as a zip "
+                f"archive, as torch.save writes, but its end is missing; it was cut off "
+                f"while written or copied). Write or copy it again"
+            )
         if not head.startswith(_STARTS):
             # neither format torch.save writes: damaged, or another kind of file. Said
             # before torch.load, whose weights_only refusal would read as "unsafe" and
