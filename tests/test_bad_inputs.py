@@ -22,7 +22,7 @@ from torch.utils.data import default_collate
 import prep
 import prep.run
 from prep.errors import VmapUnsupported
-from tests import rowfns
+from tests import registry, rowfns
 from tests.conftest import pool_children, shm_entries, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,9 +39,11 @@ def _no_leaks_after_the_tables():
     assert wait_until(lambda: shm_entries() <= before), f"shm left: {shm_entries() - before}"
 
 
-EVERY = sorted(prep.EXECUTORS)
-PER_ROW = ["serial", "threads", "processes", "joblib", "auto"]
-POOLS = ["serial", "threads", "processes", "joblib"]  # the per-row executors proper
+EVERY = list(registry.EVERY)
+# what each case needs, in tests/registry.py's words: the executors that run it come
+# from there (the refusals are tested in tests/test_refusals_registry.py)
+NO_TWIN, READS_VALUES, SAMPLES = registry.NO_TWIN, registry.READS_VALUES, registry.SAMPLES
+PAD, PER_ROW_ERRORS = registry.PAD, registry.PER_ROW_ERRORS
 
 x = torch.arange(12.0).view(4, 3)
 Call = Callable[[str], Any]
@@ -211,7 +213,7 @@ def test_every_executor_refuses_it_before_any_row(executor, call, error, fragmen
     assert fragment in str(raised.value)
 
 
-@_table(PER_ROW_EXECUTOR, PER_ROW)
+@_table(PER_ROW_EXECUTOR, registry.executors(NO_TWIN, READS_VALUES, SAMPLES, PAD, PER_ROW_ERRORS))
 def test_every_per_row_executor_names_the_argument(executor, call, error, fragment):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the failed rows' one warning
@@ -220,7 +222,7 @@ def test_every_per_row_executor_names_the_argument(executor, call, error, fragme
     assert fragment in str(raised.value)
 
 
-@_table(VMAP_ONLY, ["vmap"])
+@_table(VMAP_ONLY, registry.without(READS_VALUES))
 def test_vmap_says_why_it_cannot_run_a_function(executor, call, error, fragment):
     with pytest.raises(error) as raised:
         call(executor)
@@ -233,7 +235,7 @@ def test_vmap_says_why_it_cannot_run_a_function(executor, call, error, fragment)
 # ------------------------------------------------------------------ bad return values
 
 
-@pytest.mark.parametrize("executor", PER_ROW)
+@pytest.mark.parametrize("executor", registry.executors(NO_TWIN, READS_VALUES, PER_ROW_ERRORS))
 @pytest.mark.parametrize("kind", ["none", "list", "dtype", "rank"])
 def test_a_bad_return_value_is_a_failed_row_with_its_index(executor, kind):
     batch = torch.arange(8.0)[:, None].repeat(1, 3)  # row i holds i
@@ -250,7 +252,9 @@ def test_a_bad_return_value_is_a_failed_row_with_its_index(executor, kind):
     assert torch.equal(out, want)
 
 
-@pytest.mark.parametrize("executor", POOLS)
+@pytest.mark.parametrize(
+    "executor", registry.executors(NO_TWIN, READS_VALUES, SAMPLES, PER_ROW_ERRORS)
+)
 def test_skip_leaves_a_bad_return_value_out(executor):
     with pytest.warns(RuntimeWarning, match=r"1 of 6 rows failed and were left out"):
         out = prep.map_samples(
@@ -271,7 +275,7 @@ def test_a_batch_that_requires_grad_runs_and_returns_no_history(executor):
     assert not got.requires_grad and torch.equal(got, batch.detach() * 2 + 1)
 
 
-@pytest.mark.parametrize("executor", PER_ROW)
+@pytest.mark.parametrize("executor", registry.executors(NO_TWIN, SAMPLES))
 def test_results_and_samples_that_require_grad_run_everywhere(executor):
     w = torch.ones(4, requires_grad=True)
     got = prep.map_rows(lambda r: r * w, torch.ones(3, 4), executor=executor, workers=2)
@@ -284,14 +288,14 @@ def test_results_and_samples_that_require_grad_run_everywhere(executor):
 # ------------------------------------------------------------------ what is no error
 
 
-@pytest.mark.parametrize("executor", POOLS)
+@pytest.mark.parametrize("executor", registry.executors(NO_TWIN))
 def test_an_astronomical_timeout_is_no_limit(executor):
     got = prep.map_rows(double, x, executor=executor, workers=2, timeout=10**400)
     assert torch.equal(got, x * 2)
     assert prep.Pool(executor, timeout=1e300).timeout is None
 
 
-@pytest.mark.parametrize("executor", POOLS)
+@pytest.mark.parametrize("executor", registry.executors(NO_TWIN, PAD))
 def test_out_with_pad_is_honoured_where_rows_fit(executor):
     out = torch.full((4, 5), 7.0)
     got = prep.map_rows(double, x, executor=executor, workers=2, out=out, pad=-1)
@@ -460,7 +464,7 @@ def double_at_8_and_24(row: torch.Tensor) -> Any:
     return row.double() if i in (8, 24) else row * 2
 
 
-@pytest.mark.parametrize("executor", PER_ROW)
+@pytest.mark.parametrize("executor", registry.executors(NO_TWIN, READS_VALUES, PER_ROW_ERRORS))
 def test_a_bad_row_first_in_its_chunk_fails_alone(executor):
     batch = torch.arange(64.0)[:, None]
     with warnings.catch_warnings():

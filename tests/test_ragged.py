@@ -11,11 +11,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import prep
-from tests import rowfns
+from tests import registry, rowfns
+from tests.registry import CRASH, NO_TWIN, PAD, PER_ROW_ERRORS, READS_VALUES, SAMPLES
 
 pytestmark = pytest.mark.timeout(180)
 
-PER_ROW = ["serial", "threads", "processes", "joblib", "auto"]
+#: the row functions here read values (rowfns.variable) and have no twin; the
+#: executors that refuse these cases are tested in test_vmap_and_a_twin_..._refuse_padding
+#: and test_a_batched_executor_refuses_a_per_row_policy
+PADS = registry.executors(NO_TWIN, READS_VALUES, SAMPLES, PAD)
+FILLS = registry.executors(NO_TWIN, READS_VALUES, SAMPLES, PER_ROW_ERRORS)
+PADS_AND_FILLS = registry.executors(NO_TWIN, READS_VALUES, SAMPLES, PAD, PER_ROW_ERRORS)
 
 
 def reference(rows: list[torch.Tensor], pad: float, size: tuple[int, ...] | None = None):
@@ -42,7 +48,7 @@ def quiet(call, *args, **kwargs):
 # ------------------------------------------------------------------ padding
 
 
-@pytest.mark.parametrize("executor", PER_ROW)
+@pytest.mark.parametrize("executor", PADS)
 @settings(
     max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -59,7 +65,7 @@ def test_padded_rows_match_the_reference(executor, lengths, pad):
     assert lengths_out.dtype == torch.int64 and lengths_out.tolist() == lengths
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads", "processes"])
+@pytest.mark.parametrize("executor", PADS)
 @settings(max_examples=10, deadline=None)
 @given(
     dims=st.integers(1, 3),
@@ -74,7 +80,7 @@ def test_padded_rows_of_any_dims_and_dtype_match_the_reference(executor, dims, d
     assert torch.equal(got, reference([rowfns.shaped(b) for b in batch], 0))
 
 
-@pytest.mark.parametrize("executor", PER_ROW)
+@pytest.mark.parametrize("executor", PADS)
 def test_rows_sorted_by_length_and_per_leaf_pads(executor):
     """Longest last (the output grows at every row) and a dict result: ids padded with
     7 in both dims, the mask with False; lengths are ``[B, 2]`` for 2-D rows."""
@@ -91,7 +97,7 @@ def test_rows_sorted_by_length_and_per_leaf_pads(executor):
     assert lengths["mask"].tolist() == [w for _, w in shapes]
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads", "processes"])
+@pytest.mark.parametrize("executor", PADS)
 def test_pad_to_fixes_the_size_and_refuses_a_larger_row(executor):
     got = prep.map_samples(
         rowfns.variable, samples([3, 1, 5]), executor=executor, pad=0, pad_to=(8,)
@@ -161,7 +167,7 @@ def test_auto_with_pad_leaves_the_batched_forms_out_and_says_why():
 # ------------------------------------------------------------------ bad rows
 
 
-@pytest.mark.parametrize("executor", PER_ROW)
+@pytest.mark.parametrize("executor", FILLS)
 @pytest.mark.parametrize("where", ["first", "scattered", "last"])
 def test_fill_and_skip(executor, where):
     n = 40
@@ -183,7 +189,7 @@ def test_fill_and_skip(executor, where):
     assert torch.equal(skipped, out[valid])
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads", "processes", "joblib"])
+@pytest.mark.parametrize("executor", PADS_AND_FILLS)
 def test_fill_with_padding_pads_failed_rows_and_gives_them_length_0(executor):
     batch = samples([2, 5, 3, 1], fails={1})
     out, lengths, valid = quiet(
@@ -195,7 +201,22 @@ def test_fill_with_padding_pads_failed_rows_and_gives_them_length_0(executor):
     assert lengths.tolist() == [2, 0, 3, 1] and valid.tolist() == [True, False, True, True]
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads", "processes", "joblib"])
+@pytest.mark.parametrize(
+    "executor",
+    [
+        pytest.param(
+            ex,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="defect: auto, every row failing under on_error='skip' or 'fill', "
+                "raises AssertionError('the calibrator ran every row'), not the RowError",
+            ),
+        )
+        if ex == "auto"
+        else ex
+        for ex in FILLS
+    ],
+)
 def test_every_row_failing_says_so(executor):
     with pytest.raises(prep.RowError, match="every one of the 6 rows failed"):
         quiet(
@@ -269,7 +290,7 @@ def test_collate_pads_variable_length_samples_in_a_dataloader(num_workers):
 # ------------------------------------------------------------------ rows that kill
 
 
-@pytest.mark.parametrize("executor", ["processes", "joblib"])
+@pytest.mark.parametrize("executor", registry.executors(CRASH, READS_VALUES, PER_ROW_ERRORS))
 @pytest.mark.parametrize(
     "fn", [rowfns.segfault, rowfns.suicide, rowfns.exits], ids=["segfault", "sigkill", "os._exit"]
 )
@@ -285,7 +306,7 @@ def test_a_row_that_kills_its_worker_is_the_only_failed_row(no_leaks, executor, 
             pool.map_rows(fn, x)
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads", "processes", "joblib"])
+@pytest.mark.parametrize("executor", PADS_AND_FILLS)
 def test_a_failed_row_is_filled_whole_even_when_a_longer_row_comes_after(executor):
     """fill differs from pad: the failed rows must hold fill across the final width,
     whatever order the rows finished in (no bytes that depend on the executor)."""
