@@ -160,3 +160,22 @@ def test_auto_stops_a_process_pool_no_function_may_use_any_more(tmp_path, monkey
         out = processes.run(Job.new(torch.neg, rows))
         assert out is not None and torch.equal(out.buffers[0], -x)
         assert len(processes.pids) == 2
+
+
+def test_prep_forkserver_ends_without_finalizing_torch():
+    """The server holds the caller's stderr: it must end as soon as the caller has
+    gone, not after finalizing the torch it preloaded (``_server_end``). An exit
+    handler registered before the module is imported never runs: the module's
+    ``os._exit`` runs first."""
+    import subprocess
+    import sys
+
+    from prep.executors import _spawn
+
+    assert _spawn.PRELOAD[-1] == "prep.executors._server_end"
+    code = (
+        "import atexit; atexit.register(print, 'finalized', flush=True); "
+        "import prep.executors._server_end; print('imported', flush=True)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.split()) == (0, ["imported"])

@@ -39,7 +39,14 @@ import torch.multiprocessing as tmp
 from ..errors import ConfigError, ExecutorUnavailable
 
 START_METHODS = ("forkserver", "fork")
-PRELOAD = ["torch", "prep.executors._worker", "prep.executors._batch_worker"]
+#: what prep's forkserver imports once, before it forks any worker (the last one makes
+#: the server end without finalizing torch: see ``_server_end``)
+PRELOAD = [
+    "torch",
+    "prep.executors._worker",
+    "prep.executors._batch_worker",
+    "prep.executors._server_end",
+]
 
 
 class _Server(forkserver.ForkServer):
