@@ -33,7 +33,13 @@ def configure_run(p: argparse.ArgumentParser) -> None:
     """What ``prep run`` reads, computes and writes."""
     p.add_argument("inputs", nargs="+", metavar="INPUT", help=".pt/.safetensors files or folders")
     p.add_argument("--out", required=True, type=Path, help="output folder (and its manifest)")
-    p.add_argument("--fn", required=True, help="the row function, MODULE:FUNCTION")
+    p.add_argument(
+        "--fn",
+        required=True,
+        help="the row function, MODULE:FUNCTION or path/to/file.py:FUNCTION; each row of a "
+        "dict shard calls it with every column as a keyword, by name (a scalar column as a "
+        "0-d tensor); it returns a tensor (saved as out), a tuple (out0, out1, ...) or a dict",
+    )
     p.add_argument(
         "--setup",
         metavar="MODULE:FUNCTION",
@@ -175,9 +181,10 @@ def _configure_run_after(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--explain",
         action="store_true",
-        help="measure the function on the first shard, print what the run would do and "
-        "why (whole shards or rows, the threads prep sets, and what executor='auto' would "
-        "pick for the rows), with the row options, and stop (nothing is written)",
+        help="print what the run would do and why, and stop (nothing is written): whole "
+        "shards or rows (measured on the first shard), the torch threads prep sets, the "
+        "jobs, and each shard's executor (--executor, or what auto measured), with the "
+        "row options",
     )
 
 
