@@ -11,8 +11,9 @@ import torch
 
 import prep
 from prep.executors import available_cores
-from tests import statefns
+from tests import registry, statefns
 from tests.conftest import wait_until
+from tests.registry import NO_TWIN, PER_ROW_ERRORS, PROCESSES, READS_VALUES, STATE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -21,7 +22,14 @@ def rows(n: int = 32) -> torch.Tensor:
     return torch.arange(n).view(n, 1)
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads", "processes", "joblib"])
+#: statefns.where reads values and has no twin: the executors that refuse these cases
+#: are tested in tests/test_refusals_registry.py
+SETUPS = registry.executors(NO_TWIN, READS_VALUES, STATE)
+#: the executors that run rows in the caller's own process (a setup there may be a closure)
+IN_PROCESS = [e for e in SETUPS if e in registry.without(PROCESSES)]
+
+
+@pytest.mark.parametrize("executor", SETUPS)
 def test_setup_runs_once_per_worker_and_the_state_is_kept(no_leaks, executor):
     with prep.Pool(executor, workers=2, setup=statefns.make_tracked) as pool:
         first = pool.map_rows(statefns.where, rows())
@@ -30,14 +38,20 @@ def test_setup_runs_once_per_worker_and_the_state_is_kept(no_leaks, executor):
         second[:, 3], rows().flatten()
     )
     states = {tuple(r[:3].tolist()) for r in torch.cat([first, second])}
+    kept = {tuple(r[:3].tolist()) for r in second} <= {tuple(r[:3].tolist()) for r in first}
+    assert kept and len(states) <= 2  # the second batch reuses the first's states
+    pids = [pid for pid, _, _ in states]
     if executor == "serial":
         assert len(states) == 1  # one per pool
     elif executor == "threads":  # one per thread, each thread its own
         threads = {(pid, thread) for pid, thread, _ in states}
         assert len(states) == len(threads) <= 2 and {p for p, _ in threads} == {os.getpid()}
-    else:  # one per worker process, reused for the second batch, never the parent's
-        pids = {pid for pid, _, _ in states}
-        assert len(states) == len(pids) <= 2 and os.getpid() not in pids
+    elif executor in registry.executors(PROCESSES):  # one per worker process, not ours
+        assert len(set(pids)) == len(pids) and os.getpid() not in pids
+    else:  # wherever it runs: in this process, or one state per worker process
+        assert set(pids) == {os.getpid()} or (
+            len(set(pids)) == len(pids) and os.getpid() not in pids
+        )
 
 
 def test_threads_each_see_their_own_state():
@@ -54,7 +68,7 @@ def test_threads_each_see_their_own_state():
     assert len({next(iter(ids)) for ids in seen.values()}) == len(seen)  # none shared
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads"])
+@pytest.mark.parametrize("executor", IN_PROCESS)
 def test_states_are_closed_when_the_pool_closes(executor):
     made: list[statefns.Tracked] = []
 
@@ -69,7 +83,7 @@ def test_states_are_closed_when_the_pool_closes(executor):
     assert all(s.closed for s in made)
 
 
-@pytest.mark.parametrize("executor", ["processes", "joblib"])
+@pytest.mark.parametrize("executor", [e for e in SETUPS if e in registry.executors(PROCESSES)])
 def test_worker_processes_close_their_states_as_they_stop(no_leaks, executor, tmp_path):
     setup = functools.partial(statefns.Tracked, str(tmp_path))
     with prep.Pool(executor, workers=2, setup=setup) as pool:
@@ -78,7 +92,9 @@ def test_worker_processes_close_their_states_as_they_stop(no_leaks, executor, tm
     assert wait_until(lambda: {int(f.name.split("-")[0]) for f in tmp_path.iterdir()} >= pids)
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads", "processes", "joblib"])
+@pytest.mark.parametrize(
+    "executor", registry.executors(NO_TWIN, READS_VALUES, STATE, PER_ROW_ERRORS)
+)
 def test_a_failing_setup_names_setup_and_a_new_pool_works(no_leaks, executor):
     bad = prep.Pool(executor, workers=2, setup=statefns.broken_setup)
     with bad, pytest.raises(prep.ConfigError, match="setup=broken_setup raised RuntimeError"):

@@ -15,7 +15,8 @@ from prep.auto import wisdom
 from prep.core.trust import Probe, same
 from prep.executors import _spawn
 
-from . import trustfns
+from . import registry, trustfns
+from .registry import NO_TWIN, PROCESSES, SAMPLES
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -79,7 +80,7 @@ def test_same_compares_values_shapes_and_dtypes_nan_included():
 # ---------------------------------------------------------------- named executors
 
 
-@pytest.mark.parametrize("executor", ["processes", "joblib"])
+@pytest.mark.parametrize("executor", registry.executors(PROCESSES, NO_TWIN))
 def test_a_named_process_executor_warns_once_of_a_global_set_at_run_time(
     executor, global_set_at_run_time
 ):
@@ -97,13 +98,28 @@ def test_a_named_process_executor_warns_once_of_a_global_set_at_run_time(
 
 
 @pytest.mark.skipif("PYTHONHASHSEED" in os.environ, reason="a fixed hash seed is the fix")
-@pytest.mark.parametrize("executor", ["processes", "joblib"])
+@pytest.mark.parametrize("executor", registry.executors(PROCESSES, NO_TWIN, SAMPLES))
 def test_a_named_process_executor_warns_of_hash_of_a_str(executor):
     with pytest.warns(RuntimeWarning, match=r"hash\(\) of str"):
         prep.map_samples(trustfns.hashed, TEXTS, executor=executor, workers=2)
 
 
-@pytest.mark.parametrize("executor", ["processes", "joblib", "threads", "serial"])
+@pytest.mark.parametrize(
+    "executor", [e for e in registry.executors(NO_TWIN) if e in registry.without(PROCESSES)]
+)
+def test_an_executor_in_this_process_sees_a_global_set_at_run_time(
+    executor, global_set_at_run_time
+):
+    """What a loop gives (SCALE is 3 here), without a word: auto included, whatever it
+    picks (it checks workers against serial, test_auto_never_returns_what_...)."""
+    x = torch.arange(24.0).view(8, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = prep.map_rows(trustfns.scaled, x, executor=executor, workers=2)
+    assert torch.equal(got, torch.stack([row * 3 for row in x]))
+
+
+@pytest.mark.parametrize("executor", registry.executors(NO_TWIN, SAMPLES))
 def test_executors_that_agree_say_nothing(executor):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
