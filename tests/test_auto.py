@@ -757,3 +757,41 @@ def test_auto_calibrating_leaves_a_vmap_in_another_thread_alone():
         user.join(10)
     assert not failures, f"the user's vmap raised while auto calibrated: {failures[0]!r}"
     assert calls[0] > 0
+
+
+# ---------------------------------------------------------------- the executor contract
+
+
+def test_auto_weighs_every_executor_that_estimates_a_batch(monkeypatch):
+    """auto holds no formula of its own: each executor of the registry estimates a
+    batch from the figures (``Executor.estimate``), and a new one is weighed and
+    chosen with no change to auto. Here one estimates a tenth of serial's time."""
+    from prep.auto import AutoExecutor
+    from prep.executors import REGISTRY, Job, SerialExecutor
+
+    class Tenth(SerialExecutor):
+        name = "tenth"
+        ran = 0
+
+        @classmethod
+        def estimate(cls, measured, rows, cores):
+            return rows * measured.serial_row / 10
+
+        def run(self, job):
+            type(self).ran += len(job.rows) - job.start
+            return super().run(job)
+
+    def plain(row):  # no twin, and vmap cannot read .item()
+        return row * 2 + 1 + 0 * row[0].item()
+
+    monkeypatch.setitem(REGISTRY, "tenth", Tenth)
+    x = torch.arange(64.0).view(32, 2)
+    with AutoExecutor(workers=1) as auto:
+        for _ in range(3):
+            out = auto.run(Job.new(plain, prep.core.rows.rows_of(x)))
+            assert out is not None and torch.equal(out.buffers[0], x * 2 + 1)
+        (cal,) = auto.choices().values()
+    assert cal.predicted["tenth"] == pytest.approx(cal.predicted["serial"] / 10)
+    assert cal.choice == "tenth" and Tenth.ran > 0
+    # an executor that estimates nothing is not weighed (joblib: docs/auto.md says why)
+    assert "joblib" not in cal.predicted

@@ -96,6 +96,12 @@ class Figures:
 
     # ------------------------------------------------------------ figures
 
+    @property
+    def batched_rows(self) -> dict[str, float]:
+        """Seconds a row, per batched form that ran (``Executor.estimate`` reads it)."""
+        forms = {"vectorized": self.vectorized_row, "vmap": self.vmap_row}
+        return {name: per_row for name, per_row in forms.items() if per_row is not None}
+
     def figure(self, name: str) -> float:
         """Seconds a batch of ``rows`` rows takes with ``name``: observed, else predicted."""
         seen = self.observed.get(name)

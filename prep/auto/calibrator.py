@@ -39,6 +39,8 @@ vmap try costs those few rows once more):
 
 The sample and serial's timing are in :mod:`._sample`, the batched forms in
 :mod:`._batched`, the pools in :mod:`._pools`; this module runs them in order.
+What a whole batch would take is each executor's own estimate from these
+figures (``Executor.estimate``, beside the executor: the formulas above).
 No pool is measured for a batch under 2 ms of serial work. What the calibrator
 finds is a prediction; :class:`~prep.auto.AutoExecutor` then times
 every batch it runs and lets the measured figures decide.
@@ -47,6 +49,7 @@ every batch it runs and lets the measured figures decide.
 from __future__ import annotations
 
 from ..core.rowwise import twin_of
+from ..executors import REGISTRY
 from ._batched import BatchedForms
 from ._decisions import Decisions
 from ._pools import PoolEstimates
@@ -134,20 +137,11 @@ class Calibrator:
 
     def _finish(self, t0: float) -> Calibration:
         # predicted for a whole batch of this size: the choice is kept for the next ones
+        # each executor estimates its own batch from the figures (Executor.estimate)
         s, cal = self.sample, self.cal
-        rows, p = s.n, cal.predicted
-        p["serial"] = rows * cal.serial_row
-        for name in ("vectorized", "vmap"):
-            if (per_row := getattr(cal, f"{name}_row")) is not None:
-                p[name] = rows * per_row
-        if cal.thread_speedup is not None:
-            p["threads"] = rows * cal.serial_row / max(cal.thread_speedup, 1e-9) + 2e-4
-        if cal.process_dispatch is not None:
-            copy = rows * cal.bytes_per_row / 4e9  # through shared memory, about 4 GB/s
-            # each worker gets cores // workers threads: the work a serial row spread over
-            # serial_cores (>= 1) cores is what the workers share
-            work = rows * cal.serial_row * cal.serial_cores / s.cores
-            p["processes"] = work + cal.process_dispatch + copy
+        for name, kind in REGISTRY.items():
+            if (seconds := kind.estimate(cal, s.n, s.cores)) is not None:
+                cal.predicted[name] = seconds
         cal.choice = self.decisions.best()
         cal.sample = self.done
         cal.seconds = s.now() - t0

@@ -27,7 +27,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from ..core.output import Output
 from ..core.policy import RAISE, Policy
@@ -258,6 +258,24 @@ def _row_error(i: int, exc: Exception) -> RowError:
     return RowError(i, f"row {i}: {type(exc).__name__}: {exc}")
 
 
+class Measured(Protocol):
+    """What ``auto`` measured on a sample (``prep.auto``'s figures), from which an
+    executor estimates a batch (:meth:`Executor.estimate`): serial's seconds a row and
+    how many cores' worth torch's own threads made it faster by, the thread pool's
+    speed-up, a started process pool's seconds a batch beyond its rows, and the bytes
+    a row and its result weigh."""
+
+    serial_row: float
+    serial_cores: float
+    thread_speedup: float | None
+    process_dispatch: float | None
+    bytes_per_row: int
+
+    @property
+    def batched_rows(self) -> dict[str, float]:
+        """Seconds a row, per batched form (by its name) that ran on the sample."""
+
+
 class Executor(ABC):
     """Runs jobs. Subclasses set ``name`` and implement :meth:`run`."""
 
@@ -283,12 +301,17 @@ class Executor(ABC):
         """Release threads and processes. It is safe to call this several times."""
 
     def release(self) -> bool:
-        """Stop its workers if none holds work now (a later batch starts them again):
-        what ``auto`` does with a pool no function of its may use any more. True if
-        workers were stopped."""
+        """Stop its workers if none holds work now (a later batch starts them again);
+        True if it did. auto releases a pool none of its functions may use any more."""
         return False
 
     # ------------------------------------------------------------ what auto asks of it
+
+    @classmethod
+    def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
+        """Seconds ``rows`` rows would take it on ``cores`` cores, once started, from
+        what auto measured; None: nothing measured says (auto does not weigh it)."""
+        return None
 
     def start_cost(self) -> float | None:
         """Seconds starting it would take now, as measured here: 0 when it is ready to

@@ -50,7 +50,7 @@ from ..errors import (
     WorkerCrashed,
 )
 from . import _spawn, _worker
-from ._base import Executor, Job, copy_rows, first_error, split, threads_per_worker
+from ._base import Executor, Job, Measured, copy_rows, first_error, split, threads_per_worker
 from ._batches import ProcessBatches
 from ._chunks import ChunkMerge
 from ._fdpipe import INLINE
@@ -63,6 +63,8 @@ __all__ = ["LOAD_TIMEOUT", "ProcessExecutor", "pickle_fn", "shm_fits", "shm_free
 
 #: seconds a worker may take to load the row function (importing its modules)
 LOAD_TIMEOUT = 120.0
+#: bytes a second a batch's rows and results cross shared memory at, as auto counts it
+SHM_BYTES_PER_SECOND = 4e9
 #: parts per worker of a batch with a progress bar (else one: the fewest messages)
 PROGRESS_PARTS = 4
 
@@ -117,6 +119,18 @@ class ProcessExecutor(Executor):
                 f"/dev/shm has {(shm_free() or 0) / 2**20:.0f} MB free"
             )
         return None
+
+    @classmethod
+    def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
+        """Serial's work shared by the cores, plus the pool's dispatch (measured on a
+        warm pool, else assumed) and the copy of the rows and results through shared
+        memory (about 4 GB/s). Each worker gets ``cores // workers`` threads: the work
+        a serial row spread over ``serial_cores`` cores is what the workers share."""
+        if measured.process_dispatch is None:
+            return None
+        copy = rows * measured.bytes_per_row / SHM_BYTES_PER_SECOND
+        work = rows * measured.serial_row * measured.serial_cores / cores
+        return work + measured.process_dispatch + copy
 
     def worker_threads(self) -> int | None:
         return threads_per_worker(self.workers)

@@ -24,7 +24,7 @@ place.
 from __future__ import annotations
 
 from ..core.output import Output
-from ._base import Executor, Job, first_error, split, threads_per_worker
+from ._base import Executor, Job, Measured, first_error, split, threads_per_worker
 from ._batch_threads import ThreadBatches
 from ._chunks import ChunkMerge
 from ._ticket import Ticket
@@ -33,6 +33,8 @@ from ._ticket import Ticket
 #: each part costs a hand-over between threads (2 a worker was 10% faster than 4 on 64
 #: rows of 128x128 matmuls, and than the executor before it)
 PARTS = 2
+#: seconds handing a batch's parts to the threads and back adds, as auto counts it
+HAND_OVER = 2e-4
 
 
 class ThreadExecutor(Executor):
@@ -42,6 +44,14 @@ class ThreadExecutor(Executor):
         super().__init__(workers)
         #: the threads: this executor's batches, and a stream's (``Executor.engine``)
         self.batches = self.engine = ThreadBatches(self.workers)
+
+    @classmethod
+    def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
+        """Serial's time over the speed-up measured on the sample, plus a hand-over of
+        the parts to the threads (about 0.2 ms)."""
+        if measured.thread_speedup is None:
+            return None
+        return rows * measured.serial_row / max(measured.thread_speedup, 1e-9) + HAND_OVER
 
     def worker_threads(self) -> int | None:
         return threads_per_worker(self.workers)

@@ -14,7 +14,7 @@ from ..core.policy import Policy
 from ..core.rows import TensorRows
 from ..core.rowwise import twin_of
 from ..errors import ConfigError, PrepError, VmapUnsupported
-from ._base import Executor, Job
+from ._base import Executor, Job, Measured
 
 
 class VectorizedExecutor(Executor):
@@ -38,6 +38,13 @@ class VectorizedExecutor(Executor):
 
     def batched_twin(self, fn: Callable[..., Any]) -> Any:
         return twin_of(fn)
+
+    @classmethod
+    def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
+        """Its seconds a row, as it ran on the sample (its fixed cost per call spread
+        over the rows), if it ran there."""
+        per_row = measured.batched_rows.get(cls.name)
+        return None if per_row is None else rows * per_row
 
     def run(self, job: Job) -> Output | None:
         if not isinstance(job.rows, TensorRows):
