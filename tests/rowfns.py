@@ -204,3 +204,13 @@ def wwm_row(input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 def needs_state(x: torch.Tensor, *, state: dict) -> torch.Tensor:
     """A row function that takes per-worker state (``--setup``)."""
     return x + state["offset"]
+
+
+def waits_for_go(row: torch.Tensor, *, started: str, go: str) -> torch.Tensor:
+    """Touches ``started`` (a test waits for it: a shard is in flight on a worker), then
+    waits until the file ``go`` exists: the test decides when the row ends, by an event."""
+    with open(started, "a"):
+        pass
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    return row
