@@ -787,11 +787,13 @@ def test_auto_weighs_every_executor_that_estimates_a_batch(monkeypatch):
     monkeypatch.setitem(REGISTRY, "tenth", Tenth)
     x = torch.arange(64.0).view(32, 2)
     with AutoExecutor(workers=1) as auto:
-        for _ in range(3):
+        chosen = []
+        for _ in range(2):  # calibrated and chosen; then run (and timed: it may move on)
             out = auto.run(Job.new(plain, prep.core.rows.rows_of(x)))
             assert out is not None and torch.equal(out.buffers[0], x * 2 + 1)
-        (cal,) = auto.choices().values()
+            (cal,) = auto.choices().values()
+            chosen.append(cal.choice)
     assert cal.predicted["tenth"] == pytest.approx(cal.predicted["serial"] / 10)
-    assert cal.choice == "tenth" and Tenth.ran > 0
+    assert chosen[0] == "tenth" and Tenth.ran >= len(x)  # the rest of the first, the second
     # an executor that estimates nothing is not weighed (joblib: docs/auto.md says why)
     assert "joblib" not in cal.predicted

@@ -62,9 +62,9 @@ class ProcessBatches:
     name = "processes"
 
     def __init__(self, workers: int, *, fork: bool = False) -> None:
-        """``workers`` processes, the cores shared out as their torch threads. ``fork``:
-        forked from this process while that is safe (:func:`_spawn.fork_is_safe`), so they
-        hold what it imported and start in milliseconds; else from prep's forkserver."""
+        """``workers`` processes, the cores shared out as their torch threads; ``fork``:
+        forked from here while that is safe (:func:`_spawn.fork_is_safe`), else from
+        prep's forkserver."""
         self.workers = workers
         self.threads = threads_per_worker(workers)
         self._fns = Functions()
@@ -75,18 +75,16 @@ class ProcessBatches:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        """Start every worker now (else the first submit does)."""
+    def start(self) -> None:  # every worker now (else the first submit starts them)
         with self._lock:
             self._lanes.ensure_started()
 
     @property
     def pids(self) -> list[int]:
-        return [lane.worker.proc.pid for lane in self._lanes.all if lane.worker.proc.pid]
+        return [pid for lane in self._lanes.all if (pid := lane.worker.proc.pid)]
 
     @property
-    def started(self) -> bool:
-        """Whether every worker is up (started, not necessarily ready)."""
+    def started(self) -> bool:  # every worker up (not necessarily ready)
         lanes = self._lanes.all
         return len(lanes) == self.workers and all(x.worker.proc.is_alive() for x in lanes)
 
@@ -96,13 +94,11 @@ class ProcessBatches:
         self._ring.clear()
 
     def release(self) -> bool:
-        """:meth:`close` if no worker holds a unit (a later submit starts them again);
-        True if workers were stopped."""
+        """:meth:`close` if workers are up and none holds a unit; True if it did."""
         with self._lock:
-            if not self._lanes.all or not self._lanes.idle():
-                return False
-            self.close()
-            return True
+            if idle := bool(self._lanes.all) and self._lanes.idle():
+                self.close()
+        return idle
 
     def ready(self) -> bool:
         """Whether workers start without waiting for prep's forkserver (else it starts)."""
@@ -113,8 +109,7 @@ class ProcessBatches:
 
     # ------------------------------------------------------------ submitting
 
-    def prepare(self, fn: Any) -> str:
-        """The key under which ``fn`` travels (:meth:`Functions.add`)."""
+    def prepare(self, fn: Any) -> str:  # the key fn travels under (Functions.add)
         with self._lock:
             return self._fns.add(fn)
 
@@ -152,10 +147,8 @@ class ProcessBatches:
         return tickets
 
     def submit_call(self, key: str, args: tuple[Any, ...], what: str) -> Ticket:
-        """The function under ``key`` (:meth:`prepare`) called on ``args`` by the worker
-        likely to be free first: a unit whose worker does all of its work (``prep run``
-        sends a shard's task, and the worker loads, computes and saves it). Its value is
-        what the function returned; ``what`` names the unit in errors."""
+        """``key``'s function called on ``args`` by the freest worker, which does all of
+        the unit's work (``prep run``'s shard: load, compute, save); ``what`` names it."""
         ticket = Ticket.call(self, key, args, what)
         with self._lock:
             lanes = self._lanes.ensure_started()
@@ -167,10 +160,10 @@ class ProcessBatches:
         """Every worker loads the function under ``key`` (:meth:`prepare`): a ticket each,
         done once it holds it (its error: why it could not load it)."""
         with self._lock:
-            tickets = []
-            for lane in self._lanes.ensure_started():
-                tickets.append(Ticket.load(self, key, timeout))
-                self._lanes.send(lane, tickets[-1])
+            lanes = self._lanes.ensure_started()
+            tickets = [Ticket.load(self, key, timeout) for _ in lanes]
+            for lane, ticket in zip(lanes, tickets):
+                self._lanes.send(lane, ticket)
         return tickets
 
     def abandon(self, tickets: list[Ticket]) -> None:
@@ -211,11 +204,9 @@ class ProcessBatches:
                 waits = [x for x in (left, None if end is None else end - now) if x is not None]
                 wait = max(0.0, min(waits)) if waits else None
                 w = lane.worker
-                # a reply already there (the common case once batches are in flight) needs
-                # no selector: poll() is one system call
-                ready = (
-                    [w.conn] if w.conn.poll() else connection.wait([w.conn, w.proc.sentinel], wait)
-                )
+                # a reply already there (the common case with batches in flight): no selector
+                polled = w.conn.poll()
+                ready = [w.conn] if polled else connection.wait([w.conn, w.proc.sentinel], wait)
                 if w.conn in ready:
                     self._read_one(lane)
                 elif ready:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import pickle
 import re
 import time
 from typing import Any
@@ -28,6 +29,7 @@ from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
 from ._chunks import ChunkMerge
 from ._context import Follower
 from ._isolation import Isolation
+from ._transport import pickle_fn
 
 
 class JoblibExecutor(Executor):
@@ -106,6 +108,9 @@ class JoblibExecutor(Executor):
                 exitcode=_exit_code(str(exc)),
                 rows=(a, b),
             ) from exc
+        except pickle.PicklingError:
+            pickle_fn(fn)  # the function's own error, as processes words it (ConfigError)
+            raise  # the rows, then
         except cf.TimeoutError as exc:
             self.close(kill=True)  # a worker stuck in a hung row holds its core: kill them all
             raise job.timed_out(

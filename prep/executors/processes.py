@@ -87,9 +87,8 @@ class ProcessExecutor(Executor):
         return self.batches.started
 
     def start_cost(self) -> float | None:
-        """Seconds starting this pool would take now, from what was measured here:
-        0 when it runs, the workers' start when prep's forkserver is up, None when
-        the server has not been measured yet (see :func:`_spawn.warm_up`)."""
+        """0 when it runs, the workers' start (measured here) when prep's forkserver is
+        up, None before the server was measured (:func:`_spawn.warm_up`)."""
         if self.started:
             return 0.0
         costs = _spawn.start_costs()
@@ -122,10 +121,8 @@ class ProcessExecutor(Executor):
 
     @classmethod
     def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
-        """Serial's work shared by the cores, plus the pool's dispatch (measured on a
-        warm pool, else assumed) and the copy of the rows and results through shared
-        memory (about 4 GB/s). Each worker gets ``cores // workers`` threads: the work
-        a serial row spread over ``serial_cores`` cores is what the workers share."""
+        """Serial's work (what a row spread over ``serial_cores`` cores) shared by the
+        cores, plus the dispatch and the copy through shared memory."""
         if measured.process_dispatch is None:
             return None
         copy = rows * measured.bytes_per_row / SHM_BYTES_PER_SECOND
@@ -146,28 +143,15 @@ class ProcessExecutor(Executor):
         for ticket in self.batches.load(key, limit):
             try:
                 ticket.result()
-            except BatchTimeout:
-                errors.append(FunctionLoadError(
-                    f"executor='processes' workers did not load the row function "
-                    f"{describe_fn(fn)} within {limit:.1f} s (does importing what it needs "
-                    f"hang?); check that its modules import quickly in a fresh interpreter, "
-                    f"or use executor='threads'"
-                ))  # fmt: skip
-            except WorkerCrashed as exc:
-                errors.append(FunctionLoadError(
-                    f"a worker died while it loaded the row function {describe_fn(fn)} "
-                    f"({exc}); or use executor='threads'"
-                ))  # fmt: skip
-            except FunctionLoadError as exc:
-                errors.append(exc)
+            except (BatchTimeout, WorkerCrashed, FunctionLoadError) as exc:
+                errors.append(_load_error(exc, fn, limit))
         if errors:
             raise errors[0]
         return time.perf_counter() - t
 
     def dispatch_cost(self) -> float:
-        """Seconds a warm batch costs this pool beyond its rows (measured once, on a
-        no-op row function; the faster of two tries, as the first may wait for
-        workers still starting)."""
+        """Measured once, on a no-op row function: the faster of two tries (the first
+        may wait for workers still starting)."""
         if self._dispatch is None:
             probe = TensorRows((torch.zeros(self.workers * 2, 1),))
             best = math.inf
@@ -279,3 +263,19 @@ class ProcessExecutor(Executor):
         for ticket in tickets:
             ticket.limit = job.timeout  # the batch's, as the caller gave it
         return tickets
+
+
+def _load_error(exc: Exception, fn: Any, limit: float) -> FunctionLoadError:
+    """Why a worker could not load ``fn``, for the caller: what happened and what to do."""
+    if isinstance(exc, FunctionLoadError):
+        return exc
+    if isinstance(exc, BatchTimeout):
+        return FunctionLoadError(
+            f"executor='processes' workers did not load the row function {describe_fn(fn)} "
+            f"within {limit:.1f} s (does importing what it needs hang?); check that its "
+            f"modules import quickly in a fresh interpreter, or use executor='threads'"
+        )
+    return FunctionLoadError(
+        f"a worker died while it loaded the row function {describe_fn(fn)} ({exc}); "
+        f"or use executor='threads'"
+    )
