@@ -201,10 +201,12 @@ def _plan(
     _prepare_out(folder, inputs)
     manifest = Manifest(folder)
     previous = manifest.entries()
-    if (previous or manifest.failures()) and not resume:
+    failed = manifest.failures()
+    if (previous or failed) and not resume:
         raise ConfigError(
             f"--out {str(folder)!r} holds the manifest of an earlier run ({len(previous)} "
-            f"shard(s) done); pass --resume to finish that run, or choose a new --out"
+            f"shard(s) done, {len(failed)} failed); pass --resume to finish that run, or "
+            f"choose a new --out"
         )
     others = other_files(inputs)
     if others:
