@@ -14,6 +14,7 @@ The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow
     local.py     where shards run by default: whole on worker processes, or here by rows
     dask.py      where they run with ``cluster``: a Dask scheduler (prep[dask])
     progress.py  what the person watching sees, and the run's Summary
+    failures.py  a failed shard: one line on the terminal, its traceback in the manifest
     temps.py     temporary files: tracked, and removed once their writer is gone
     signals.py   SIGTERM as an exception, and cleanup shielded from a second signal
 
