@@ -17,6 +17,7 @@
     ├── WorkerCrashed    a worker process died (signal, OOM killer, segfault)
     ├── BatchTimeout     the batch did not finish within ``timeout`` seconds
     ├── ShardError       a saved shard could not be read or is not what was expected
+    ├── ClusterLost      the Dask scheduler of ``prep run --cluster`` went away mid-run
     └── Cancelled        ``prep run`` was abandoned while this shard was in flight
 
     Terminated (a KeyboardInterrupt, not a PrepError: it must pass ``except
@@ -31,6 +32,7 @@ from __future__ import annotations
 __all__ = [
     "BatchTimeout",
     "Cancelled",
+    "ClusterLost",
     "ConfigError",
     "ExecutorUnavailable",
     "FunctionLoadError",
@@ -163,6 +165,11 @@ class UsageError(ConfigError):
 
     ``prep``'s command line reports it like argparse's own errors, with exit code 2.
     """
+
+
+class ClusterLost(PrepError):
+    """The Dask scheduler of ``prep run --cluster`` went away in the middle of the run:
+    the run ends (exit code 1) and the shards in flight are left for ``--resume``."""
 
 
 class Cancelled(PrepError):

@@ -10,7 +10,7 @@ alone appends to the manifest. Workers must be able to import prep and the
 A scheduler that dies ends the run at once, not after Dask's 15 s of reconnecting:
 the client cancels every future in flight with the reason
 ``"scheduler-connection-lost"``; the first such callback (an event, not a poll) puts
-:class:`SchedulerLost` on the driver's done queue, and the driver raises it. The
+:class:`ClusterLost` on the driver's done queue, and the driver raises it. The
 shards in flight get no manifest line, so ``--resume`` redoes them; the client is
 closed without asking the dead scheduler for anything (``prep run`` exits 1 with
 one line naming the address).
@@ -24,11 +24,11 @@ import shutil
 import tempfile
 from typing import Any
 
-from ..errors import ConfigError, PrepError
+from ..errors import ClusterLost, ConfigError
 from ..executors import available_cores, threads_per_worker
 from .task import ShardTask, run_shard
 
-__all__ = ["LOCAL_WORKERS", "DaskBackend", "SchedulerLost"]
+__all__ = ["LOCAL_WORKERS", "DaskBackend"]
 
 INSTALL = "pip install 'prep[dask]'"
 #: worker processes of ``--cluster local`` when --jobs is not given: a few, to
@@ -58,13 +58,6 @@ def _mute(names: list[str], level: int) -> dict[str, int]:
         before[name] = logger.level
         logger.setLevel(max(level, logger.level))
     return before
-
-
-class SchedulerLost(PrepError):
-    """The Dask scheduler of ``prep run --cluster`` went away mid-run: the run ends
-    (exit code 1); the shards in flight are left for ``--resume``.
-
-    (A run-level failure, not a shard's: it belongs in :mod:`prep.errors`' tree.)"""
 
 
 def _set_threads(n: int) -> None:
@@ -140,14 +133,14 @@ class DaskBackend:
         self._futures.append(future)
         future.add_done_callback(finished)
 
-    def _lost(self) -> SchedulerLost:
+    def _lost(self) -> ClusterLost:
         if not self.lost:
             self.lost = True
             # the client's reconnecting, and its end when closed, would log tracebacks and
             # "failed to reconnect after 15 s" under the run's one line: muted until closed
             for name, level in _mute(_dask_loggers(), logging.CRITICAL).items():
                 self._muted.setdefault(name, level)  # the level before any muting
-        return SchedulerLost(
+        return ClusterLost(
             f"lost the Dask scheduler at --cluster {self.address} in the middle of the run; "
             f"the shards in flight are not recorded: once a scheduler runs there, rerun with "
             f"--resume to finish"

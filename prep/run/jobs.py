@@ -34,10 +34,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import ConfigError, RowError, Terminated
+from ..errors import ClusterLost, ConfigError, RowError, Terminated
 from . import failures
 from .config import RunConfig
-from .dask import SchedulerLost  # Dask itself is imported only with a cluster
 from .local import check_parallel, local_backend
 from .manifest import Manifest, recipe_changes
 from .plan import PARALLEL, ShardPlan
@@ -260,7 +259,7 @@ def _drive(
             continue
         in_flight -= 1
         summary.abandoned = in_flight
-        if isinstance(outcome, SchedulerLost):  # no shard's fault: the run ends here
+        if isinstance(outcome, ClusterLost):  # no shard's fault: the run ends here
             summary.abandoned += 1  # this shard too: it never finished, --resume redoes it
             raise outcome
         if isinstance(outcome, BaseException):
