@@ -104,7 +104,12 @@ class RowError(PrepError):
 
 
 class StackError(PrepError, ValueError):
-    """Rows returned results that cannot be written into one output."""
+    """Rows returned results that cannot be written into one output; ``.row`` is the
+    row that did not fit (None where no one row is to blame)."""
+
+    def __init__(self, message: str, row: int | None = None) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 class WorkerCrashed(PrepError):

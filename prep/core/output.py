@@ -195,7 +195,8 @@ class Output:
         if spec is not self.spec and spec != self.spec:
             raise StackError(
                 f"row {i} returned {_spec_text(spec)} but {self._origin()} "
-                f"{_spec_text(self.spec)}; every row must return the same structure"
+                f"{_spec_text(self.spec)}; every row must return the same structure",
+                row=i,
             )
 
     def mismatch(self, i: int, k: int, leaf: Tensor, need: str) -> StackError:
@@ -203,7 +204,8 @@ class Output:
         return StackError(
             f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{self.where(k)} but "
             f"{self._origin()} shape {tuple(buf.shape[1:])} {buf.dtype}; rows must "
-            f"return {need}"
+            f"return {need}",
+            row=i,
         )
 
     def where(self, k: int) -> str:

@@ -304,7 +304,8 @@ def too_large(i: int, size: Sequence[int], fixed: object, where: str) -> StackEr
     return StackError(
         f"row {i} returned shape {tuple(size)}{where}, larger than the fixed {fixed} "
         f"(pad_to= or out=); make it larger, or crop in the row function (prep never "
-        f"truncates a row)"
+        f"truncates a row)",
+        row=i,
     )
 
 

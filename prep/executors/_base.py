@@ -390,7 +390,7 @@ def copy_rows(given: Output, staged: Output, start: int = 0) -> Output:
 def first_error(errors: list[BaseException]) -> BaseException:
     """Of the errors several workers reported, the one of the lowest row (as serial
     would have met it first); errors without a row come last."""
-    return min(errors, key=lambda e: getattr(e, "row", math.inf))
+    return min(errors, key=lambda e: math.inf if (r := getattr(e, "row", None)) is None else r)
 
 
 def iter_chunks(

@@ -34,6 +34,15 @@ class ChunkMerge:
         check = getattr(job.rows, "check", None)
         self.check = check if isinstance(check, ResultCheck) else None
 
+    def take(self, reply: tuple[Any, ...], errors: list[BaseException]) -> None:
+        """:meth:`merge`; a chunk that does not fit the output is an error noted in
+        ``errors``, not raised: a lower row's error may still come back, and the
+        lowest row's is the one serial would have met (``first_error``)."""
+        try:
+            self.merge(reply)
+        except StackError as exc:
+            errors.append(exc)
+
     def merge(self, reply: tuple[Any, ...]) -> None:
         """A ``("chunk", start, stop, output, failed)`` reply: its rows, and its failed
         rows noted. Under ``on_error='fill'``/``'skip'`` a chunk whose rows return

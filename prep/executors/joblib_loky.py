@@ -91,12 +91,20 @@ class JoblibExecutor(Executor):
             pool.submit(run, ctx, fn, job.rows.take(a, b), a, b, policy): (a, b) for a, b in chunks
         }
         errors: list[BaseException] = []
+        # merged in row order, whatever order they finish in: the lowest chunk's first
+        # row is the output's reference, as serial's first row is
+        replies: dict[int, tuple[Any, ...]] = {}
+        order = sorted(a for a, _ in chunks)
         try:
             for future in cf.as_completed(futures, timeout=job.remaining()):
-                errors.extend(self._write(job, future.result()))
+                replies[futures[future][0]] = future.result()
+                while order and order[0] in replies:
+                    self._write(job, replies.pop(order.pop(0)), errors)
         except TerminatedWorkerError as exc:
             self.close(kill=True)  # loky's executor is broken for good once a worker died
             lost = sorted(futures[f] for f in futures if not _succeeded(f))
+            for a in sorted(replies):  # those that came back behind a lost one
+                self._write(job, replies[a], errors)
             if job.policy.per_row_errors:
                 return errors, lost
             a, b = lost[0]
@@ -154,12 +162,12 @@ class JoblibExecutor(Executor):
             # active_children() forgets the finished ones now, as starting one would
             multiprocessing.active_children()
 
-    def _write(self, job: Job, reply: tuple[Any, ...]) -> list[BaseException]:
+    def _write(self, job: Job, reply: tuple[Any, ...], errors: list[BaseException]) -> None:
         if reply[0] != "chunk":
-            return [_worker.error_from_reply(reply)]
-        ChunkMerge(job).merge(reply)
+            errors.append(_worker.error_from_reply(reply))
+            return
+        ChunkMerge(job).take(reply, errors)
         job.sink.advance(reply[2] - reply[1])
-        return []
 
 
 def _succeeded(future: cf.Future) -> bool:

@@ -243,7 +243,7 @@ class ProcessExecutor(Executor):
                     continue
                 if merge is not None:
                     assert ticket.reply is not None, "a part resolved has its reply"
-                    merge.merge(ticket.reply)
+                    merge.take(ticket.reply, errors)
                 ticket.reply = None  # its chunk's shared memory goes once merged
                 job.sink.advance(len(ticket.rows))
         except BaseException:  # Ctrl-C while waiting: the parts still out are dropped

@@ -85,7 +85,7 @@ class ThreadExecutor(Executor):
             for ticket in tickets:
                 if _settled(ticket, errors) and merge is not None:
                     assert ticket.reply is not None, "a part resolved has its reply"
-                    merge.merge(ticket.reply)
+                    merge.take(ticket.reply, errors)
                 start, stop = ticket.bounds()
                 job.sink.advance(stop - start)
         except BaseException:  # Ctrl-C while waiting: the parts not started are dropped

@@ -91,16 +91,17 @@ class DeliveredParts(Executor):
             # the error names what serial names (or it is no error: its own shape)
             self.shapes.forget((self.key, job.rows.layout()))
             return self.take(self.resubmit(job.rows).tickets).run(job)
-        if errors:
-            raise first_error(errors)
-        if guessed is not None:
+        if guessed is not None and not errors:
             job.sink.adopt(guessed)
         chunks = ChunkMerge(job)
         for t in tickets:
-            assert t.reply is not None, "a part resolved without an error has its reply"
-            if guessed is None:
-                chunks.merge(t.reply)
+            # a part that failed has its error (above) as its reply; a chunk that does not
+            # fit is an error too, and a lower row's error may be another part's
+            if guessed is None and t.reply is not None and t.reply[0] == "chunk":
+                chunks.take(t.reply, errors)
             t.reply = None  # its chunk's shared memory goes once merged
+        if errors:
+            raise first_error(errors)
         if job.sink.output is not None and job.policy.plain:
             self.shapes.keep((self.key, job.rows.layout()), job.sink.output)
         return job.sink.output
