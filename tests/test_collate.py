@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import warnings
 
@@ -10,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 import prep
-from tests import rowfns
+from tests import registry, rowfns
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,7 +57,7 @@ def same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("kind", ["tensor", "tuple", "dict"])
-@pytest.mark.parametrize("executor", ["serial", "threads", "processes"])
+@pytest.mark.parametrize("executor", registry.executors(registry.NO_TWIN, registry.SAMPLES))
 def test_main_process_matches_a_plain_loop(kind, executor):
     collate = prep.Collate(FNS[kind], executor=executor, workers=2)
     loader = DataLoader(Tokens(kind), batch_size=5, collate_fn=collate)
@@ -172,3 +173,53 @@ def test_threads_inside_workers_stay_within_the_cores():
     for _, workers, intra in loader:
         assert workers == max(1, cores // 2)  # num_workers x threads <= cores
         assert intra == 1  # the DataLoader already gives each worker one intra-op thread
+
+
+# ------------------------------------------------------------------ auto in a real worker
+
+
+def heavy_pair(sample: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """pad_pair after a pure-Python loop that holds the GIL: where processes would pay,
+    so that auto would start them if it forgot it runs inside a DataLoader worker."""
+    total = 0
+    for i in range(20_000):
+        total += i % 7
+    tokens, label = rowfns.pad_pair(sample)
+    return tokens + (total - total), label
+
+
+class AutoInWorker:
+    """``prep.Collate(heavy_pair, executor="auto")`` as a DataLoader's collate_fn: the
+    batch, with the pid it ran in, the worker's live child processes after it, and what
+    auto chose (picklable: spawn and forkserver send it to the worker)."""
+
+    def __init__(self) -> None:
+        self.inner = prep.Collate(heavy_pair, executor="auto", workers=2)
+
+    def __call__(self, samples):
+        from tests.conftest import descendants
+
+        batch = self.inner(samples)
+        choices = sorted(cal.choice for cal in self.inner._get_pool().choices())
+        return batch, os.getpid(), len(descendants()), choices
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_auto_inside_a_real_dataloader_worker(no_leaks, context):
+    """Not faked with in_worker_process: a DataLoader worker of each start method runs
+    Collate(executor="auto"); every batch is the plain loop's, computed in the worker,
+    which starts no process of its own (auto leaves processes out there)."""
+    loader = DataLoader(
+        Tokens("tuple"), batch_size=8, num_workers=1, collate_fn=AutoInWorker(),
+        multiprocessing_context=context,
+    )  # fmt: skip
+    seen = []
+    for (tokens, labels), pid, children, choices in loader:
+        order = labels.tolist()
+        want = tuple(torch.stack(r) for r in zip(*[heavy_pair(Tokens("tuple")[i]) for i in order]))
+        assert same((tokens, labels), want)
+        assert pid != os.getpid() and children == 0, (pid, children, choices)
+        assert choices and not set(choices) & {"processes", "joblib"}, choices
+        seen += order
+    assert seen == list(range(24))
