@@ -13,16 +13,17 @@ reference that the batch's finds good.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..core.output import Output
 from ..core.policy import ResultCheck
-from ..errors import RowError, StackError
-from ._base import Job
+from ..errors import RowError, StackError, WorkerCrashed
+from ._base import Job, first_error
+from ._ticket import Ticket
 from ._worker import error_from_reply
 
-__all__ = ["ChunkMerge"]
+__all__ = ["ChunkMerge", "gather"]
 
 
 class ChunkMerge:
@@ -121,3 +122,46 @@ class ChunkMerge:
             err.__cause__ = StackError(problem)
             self.sink.fail(i, err)
         return failed
+
+
+def gather(
+    job: Job,
+    pending: list[Ticket],
+    into: Output | None,
+    abandon: Callable[[list[Ticket]], None],
+    crashed: Callable[[Ticket, WorkerCrashed], list[Ticket] | None] = lambda t, e: None,
+) -> None:
+    """Wait for a batch's parts, in row order: each merged into ``job.sink`` (or, given
+    ``into``, already written there), the progress bar advanced; once every part is
+    back, the lowest row's error raised (serial's first). ``crashed(ticket, exc)``: the
+    parts to wait for instead of one whose worker died (crash isolation), or None for
+    the crash to be its error. ``abandon(pending)`` on Ctrl-C while waiting."""
+    merge = ChunkMerge(job) if into is None else None
+    errors: list[BaseException] = []
+    try:
+        while pending:
+            ticket = pending.pop(0)
+            try:
+                ticket.result()
+            except WorkerCrashed as exc:
+                again = crashed(ticket, exc)
+                if again is not None:
+                    pending += again
+                    continue
+                errors.append(exc)
+            except Exception as exc:  # a row's, the deadline's: the lowest row's wins
+                errors.append(exc)
+            else:
+                if merge is not None:
+                    assert ticket.reply is not None, "a part resolved has its reply"
+                    merge.take(ticket.reply, errors)
+            ticket.reply = None  # its chunk's shared memory goes once merged
+            start, stop = ticket.bounds()
+            job.sink.advance(stop - start)
+    except BaseException:  # Ctrl-C while waiting: the parts still out are dropped
+        abandon(pending)
+        raise
+    if errors:
+        raise first_error(errors)
+    if into is not None and job.sink.output is None:
+        job.sink.adopt(into)

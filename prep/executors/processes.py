@@ -50,9 +50,9 @@ from ..errors import (
     WorkerCrashed,
 )
 from . import _spawn, _worker
-from ._base import Executor, Job, Measured, copy_rows, first_error, split, threads_per_worker
+from ._base import Executor, Job, Measured, copy_rows, split, threads_per_worker
 from ._batches import ProcessBatches
-from ._chunks import ChunkMerge
+from ._chunks import gather
 from ._fdpipe import INLINE
 from ._handles import how_it_ended
 from ._isolation import Isolation
@@ -216,43 +216,21 @@ class ProcessExecutor(Executor):
 
     def _parts(self, job: Job, key: str, into: Output | None) -> None:
         """Rows ``job.start:`` in a part per worker (more with a progress bar), each
-        written into ``into`` or merged into ``job.sink`` as it comes back."""
+        written into ``into`` or merged into ``job.sink`` as it comes back; under
+        fill/skip the rows of a part whose worker died run again (:mod:`._isolation`)."""
         per = PROGRESS_PARTS if job.sink.progress is not None else 1
         bounds = split(job.start, len(job.rows), self.workers * per)
-        pending = self._submit(job, key, bounds, into)
-        merge = ChunkMerge(job) if into is None else None
         isolation = Isolation(job)
-        errors: list[BaseException] = []
-        try:
-            while pending:
-                ticket = pending.pop(0)
-                try:
-                    ticket.result()
-                except WorkerCrashed as exc:
-                    if not (ticket.crashed and job.policy.per_row_errors):
-                        errors.append(exc)
-                        continue
-                    held = ticket.bounds()
-                    again = isolation.lost(
-                        held, f"worker pid {exc.pid}", how_it_ended(exc.exitcode)
-                    )
-                    pending += self._submit(job, key, again, into)
-                    continue
-                except Exception as exc:  # a row's, the deadline's: the lowest row's wins
-                    errors.append(exc)
-                    continue
-                if merge is not None:
-                    assert ticket.reply is not None, "a part resolved has its reply"
-                    merge.take(ticket.reply, errors)
-                ticket.reply = None  # its chunk's shared memory goes once merged
-                job.sink.advance(len(ticket.rows))
-        except BaseException:  # Ctrl-C while waiting: the parts still out are dropped
-            self.batches.abandon(pending)
-            raise
-        if errors:
-            raise first_error(errors)
-        if into is not None and job.sink.output is None:
-            job.sink.adopt(into)
+
+        def crashed(ticket: Ticket, exc: WorkerCrashed) -> list[Ticket] | None:
+            if not (ticket.crashed and job.policy.per_row_errors):
+                return None
+            held, who = ticket.bounds(), f"worker pid {exc.pid}"
+            return self._submit(
+                job, key, isolation.lost(held, who, how_it_ended(exc.exitcode)), into
+            )
+
+        gather(job, self._submit(job, key, bounds, into), into, self.batches.abandon, crashed)
 
     def _submit(
         self, job: Job, key: str, bounds: list[tuple[int, int]], into: Output | None

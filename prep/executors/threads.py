@@ -24,9 +24,9 @@ place.
 from __future__ import annotations
 
 from ..core.output import Output
-from ._base import Executor, Job, Measured, first_error, split, threads_per_worker
+from ._base import Executor, Job, Measured, split, threads_per_worker
 from ._batch_threads import ThreadBatches
-from ._chunks import ChunkMerge
+from ._chunks import gather
 from ._ticket import Ticket
 
 #: parts per worker of a batch: one queue, so a thread that is done first takes more;
@@ -79,28 +79,9 @@ class ThreadExecutor(Executor):
         )
         for ticket in tickets:
             ticket.limit = job.timeout  # the batch's, as the caller gave it
-        merge = ChunkMerge(job) if into is None else None
-        errors: list[BaseException] = []
-        try:
-            for ticket in tickets:
-                if _settled(ticket, errors) and merge is not None:
-                    assert ticket.reply is not None, "a part resolved has its reply"
-                    merge.take(ticket.reply, errors)
-                start, stop = ticket.bounds()
-                job.sink.advance(stop - start)
-        except BaseException:  # Ctrl-C while waiting: the parts not started are dropped
-            for ticket in tickets:
-                ticket.cancel()
-            raise
-        if errors:
-            raise first_error(errors)
+        gather(job, tickets, into, _cancel)
 
 
-def _settled(ticket: Ticket, errors: list[BaseException]) -> bool:
-    """Whether ``ticket`` came back with its rows (else its error is in ``errors``)."""
-    try:
-        ticket.result()
-    except Exception as exc:  # a row's, the deadline's: the lowest row's wins
-        errors.append(exc)
-        return False
-    return True
+def _cancel(tickets: list[Ticket]) -> None:
+    for ticket in tickets:  # those not started are dropped; one that runs finishes alone
+        ticket.cancel()
