@@ -27,6 +27,8 @@ STATE = "setup= (per-worker state given to the row function as state=)"
 CRASH = "a row that kills its process (a segfault, os._exit, SIGKILL)"
 HANG = "a row that never returns, under timeout="
 PROCESSES = "worker processes of its own (pids other than the caller's)"
+WHOLE = "a stream's strategy='whole' (workers to give whole batches to)"
+PARTS = "a stream's strategy='split' with several batches in flight (parts on its workers)"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,12 @@ REFUSALS: tuple[Refusal, ...] = (
             "only a twin that takes pad= can pad its rows"),
     Refusal("vectorized", PER_ROW_ERRORS, prep.ConfigError, "needs a per-row executor",
             "one call makes every row, so a failing row fails it"),
+    Refusal("serial", WHOLE, prep.ConfigError, "has no workers to give them to",
+            "it has no workers"),
+    Refusal("vectorized", WHOLE, prep.ConfigError, "has no workers to give them to",
+            "one call, no workers"),
+    Refusal("vmap", WHOLE, prep.ConfigError, "has no workers to give them to",
+            "one call, no workers"),
     Refusal("vmap", READS_VALUES, prep.VmapUnsupported, "cannot run",
             "vmap traces the function: it has no values to read"),
     Refusal("vmap", SAMPLES, prep.ConfigError, "not on a list of samples",
@@ -80,6 +88,13 @@ CANNOT: dict[str, dict[str, str]] = {
         "vmap": "one call, checked before it (docs/errors.md)",
         "auto": "measures the first rows in the caller's process (tested in a child)",
     },
+    PARTS: {
+        "serial": "no workers: one batch at a time",
+        "joblib": "one batch at a time through it (docs/api.md, Pool.imap)",
+        "vectorized": "one call a batch",
+        "vmap": "one call a batch",
+        "auto": "one batch at a time through auto under split (docs/api.md, Pool.imap)",
+    },
     PROCESSES: {
         "serial": "runs in the caller's process",
         "threads": "runs in the caller's process",
@@ -90,7 +105,8 @@ CANNOT: dict[str, dict[str, str]] = {
 }
 
 #: every need a suite may name (STATE: no executor refuses setup= itself)
-_NEEDS = {NO_TWIN, READS_VALUES, SAMPLES, PAD, PER_ROW_ERRORS, STATE, CRASH, HANG, PROCESSES}
+_NEEDS = {NO_TWIN, READS_VALUES, SAMPLES, PAD, PER_ROW_ERRORS, STATE, CRASH, HANG, PROCESSES,
+          WHOLE, PARTS}  # fmt: skip
 
 
 def refusals(executor: str, *needs: str) -> list[Refusal]:

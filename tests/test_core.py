@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 
 import prep
 from prep.executors import available_cores
-from tests import rowfns
+from tests import registry, rowfns
 from tests.conftest import pool_children, wait_until
+from tests.registry import NO_TWIN, PROCESSES, READS_VALUES, SAMPLES
 
-EXECUTORS = sorted(prep.EXECUTORS)
-PER_ROW = [e for e in EXECUTORS if prep.EXECUTORS[e].per_row]
+EXECUTORS = list(registry.EVERY)
+#: the functions of the error cases read values and have no twin: vectorized and vmap
+#: refuse them (tests/registry.py, checked in tests/test_refusals_registry.py)
+PER_ROW = registry.executors(NO_TWIN, READS_VALUES)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool]
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,10 +55,9 @@ def assert_same(a, b) -> None:
 
 @pytest.mark.parametrize("executor", EXECUTORS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_tensor_batch_matches_serial(executor, dtype):
+def test_tensor_batch_matches_a_loop(executor, dtype):
     x = make((37, 5, 3), dtype)
-    assert_same(run(rowfns.reverse, x, executor), run(rowfns.reverse, x, "serial"))
-    assert_same(run(rowfns.reverse, x, executor), x.flip(-1))
+    assert_same(run(rowfns.reverse, x, executor), torch.stack([row.flip(-1) for row in x]))
 
 
 @pytest.mark.parametrize("executor", EXECUTORS)
@@ -63,8 +65,8 @@ def test_tuple_and_dict_batches_and_results(executor):
     a, b = make((23, 4), torch.float32, 1), make((23, 4), torch.float32, 2)
     got = run(rowfns.pair, (a, b), executor)
     assert isinstance(got, tuple)
-    assert_same(got, run(rowfns.pair, (a, b), "serial"))
-    assert_same(got, (a + b, a.sum(1)))
+    rows = [rowfns.pair(ra, rb) for ra, rb in zip(a, b)]  # a loop's
+    assert_same(got, (torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])))
     got = run(rowfns.named, {"x": a, "y": b}, executor)
     assert list(got) == ["sum", "flip"]
     assert_same(got, {"sum": a + b, "flip": a.flip(-1)})
@@ -125,7 +127,7 @@ def test_partial_keeps_its_twin():
     assert_same(prep.map_rows(fn, x, executor="serial"), x * 3)
 
 
-@pytest.mark.parametrize("executor", PER_ROW)
+@pytest.mark.parametrize("executor", registry.executors(NO_TWIN, SAMPLES))
 def test_map_samples(executor):
     samples = [{"tokens": list(range(n))} for n in (3, 9, 0, 5, 8)]
     got = prep.map_samples(rowfns.sample_len, samples, executor=executor, workers=2)
@@ -142,7 +144,7 @@ def test_map_samples(executor):
 )
 def test_property_shapes(rows, feat, executor, dtype):
     x = make((rows, *feat), dtype)
-    assert_same(run(rowfns.affine, x, executor), run(rowfns.affine, x, "serial"))
+    assert_same(run(rowfns.affine, x, executor), torch.stack([row * 2 + 1 for row in x]))
 
 
 # ------------------------------------------------------------------ errors
@@ -157,7 +159,7 @@ def test_row_error_names_the_row_and_keeps_the_cause(executor):
     cause = info.value.__cause__
     assert isinstance(cause, ValueError)
     text = str(cause.__cause__) if cause.__cause__ is not None else ""
-    if executor in ("processes", "joblib"):  # the worker's traceback travels along
+    if executor in registry.executors(PROCESSES):  # the worker's traceback travels along
         assert "fail_on_5" in text and "Traceback" in text
     # the pool still works afterwards
     assert_same(run(rowfns.affine, x, executor), x * 2 + 1)
@@ -260,14 +262,15 @@ def test_a_shared_input_is_never_overwritten_by_the_next_batch():
     assert torch.equal(x, before)
 
 
-@pytest.mark.parametrize("executor", ["serial", "threads"])  # in-process: autograd is live
+@pytest.mark.parametrize("executor", registry.without(PROCESSES))  # autograd is live here
 def test_results_that_require_grad_are_stored_detached(executor):
     w = torch.ones(3, requires_grad=True)
-    got = prep.map_rows(lambda r: r * w, torch.ones(5, 3), executor=executor, workers=2)
+    fn = prep.rowwise(batched=lambda b: b * w)(lambda r: r * w)  # a twin, for vectorized
+    got = prep.map_rows(fn, torch.ones(5, 3), executor=executor, workers=2)
     assert not got.requires_grad and torch.equal(got, torch.ones(5, 3))
 
 
-@pytest.mark.parametrize("executor", ["processes", "joblib"])
+@pytest.mark.parametrize("executor", registry.executors(PROCESSES, NO_TWIN, SAMPLES))
 def test_samples_with_conjugate_and_negative_views_travel_exactly(executor):
     samples = [torch.tensor([1 + 2j, 3 - 1j]).conj() for _ in range(4)]
     samples += [torch.tensor([1 + 2j, 3 - 1j])._neg_view() for _ in range(4)]
