@@ -18,9 +18,11 @@ import prep.ops
 from prep.bench.baselines import side_context_loop
 from prep.errors import VmapUnsupported
 from prep.ops import side_context, side_context_row
+from tests import registry
+from tests.registry import READS_VALUES
 
 DTYPES = [torch.float32, torch.float16, torch.int64, torch.bool]
-SLOW_EXECUTORS = {"processes", "joblib"}
+SLOW_EXECUTORS = set(registry.executors(registry.PROCESSES))
 
 
 def make_inputs(
@@ -108,10 +110,8 @@ def executor_params() -> list:
     marks = {
         name: [pytest.mark.timeout(60)] if name in SLOW_EXECUTORS else [] for name in prep.EXECUTORS
     }
-    # vmap cannot run this row function (it branches on the mask's values); see below
-    return [
-        pytest.param(name, marks=marks[name]) for name in sorted(prep.EXECUTORS) if name != "vmap"
-    ]
+    # the row function reads the mask's values: vmap refuses it (tests/registry.py; below)
+    return [pytest.param(name, marks=marks[name]) for name in registry.executors(READS_VALUES)]
 
 
 def test_vmap_refuses_the_data_dependent_row_function() -> None:

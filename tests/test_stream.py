@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import prep
-from prep.stream.stream import THREAD_NAME, Ran, Stream
+from prep.stream.delivery import Delivery
+from prep.stream.stream import THREAD_NAME, Stream
 from tests import rowfns
 from tests.conftest import wait_until
 
@@ -59,6 +60,11 @@ def index(batch: torch.Tensor) -> int:
     return int(batch[0, 0])
 
 
+# The stream's own machinery (its thread, prefetch, the source's errors, stopping) does
+# not depend on the executor; it must stay two in-process executors: these tests' row
+# functions and sources are local (closures, events) and cannot travel to processes.
+# The executors themselves are run through streams in test_stream_whole.py (every way
+# the registry gives) and test_stream_parts.py.
 @pytest.fixture(params=["serial", "threads"])
 def pool(request: pytest.FixtureRequest) -> Iterator[prep.Pool]:
     with prep.Pool(request.param, workers=2) as p:
@@ -574,7 +580,7 @@ def test_while_results_wait_the_producer_waits_for_a_slot_not_for_the_oldest_bat
 
     def submit(batch: int) -> object:
         pulled.append(batch)
-        return gate if batch == 1 else Ran(value=batch)
+        return gate if batch == 1 else Delivery.ran(lambda b: b, batch)
 
     stream = Stream(lambda b: b, iter(range(4)), prefetch=2, submit=submit)
     try:

@@ -21,10 +21,15 @@ from prep.core.rows import rows_of
 from prep.executors._batches import ProcessBatches
 from prep.stream.parts import DeliveredParts
 from prep.stream.strategy import StrategyPlan
-from tests import rowfns
+from tests import registry, rowfns
 
 #: rows wide enough that a batch's output is shared, not copied into the message
 WIDE = 300
+
+
+#: the executors whose streams split each batch into parts on the stream's workers, with
+#: several batches in flight (tests/registry.py says why the others cannot)
+PARTS = registry.executors(registry.PARTS)
 
 
 def wide_batch(k: int, rows: int = 64) -> torch.Tensor:
@@ -69,7 +74,7 @@ def spied() -> Iterator[list[bool]]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("executor", ["processes", "threads"])
+@pytest.mark.parametrize("executor", PARTS)
 def test_the_output_is_written_in_place_once_its_shape_is_known(executor, spied, no_leaks):
     batches = [wide_batch(k) for k in range(6)]
     with prep.Pool(executor, workers=2) as pool:
@@ -90,9 +95,9 @@ def test_a_shape_that_changes_mid_stream_is_learnt_again(spied, monkeypatch, no_
 
     monkeypatch.setattr(ProcessBatches, "submit_parts", submit_parts)
     batches = [wide_batch(k) for k in range(6)]
-    with prep.Pool("processes", workers=2) as pool, prep.Pool("serial") as ref:
+    with prep.Pool("processes", workers=2) as pool:
         outs = list(pool.imap(wider_from_batch_3, batches, strategy="split", prefetch=1))
-        want = [ref.map_rows(wider_from_batch_3, b) for b in batches]
+    want = [torch.stack([wider_from_batch_3(row) for row in b]) for b in batches]  # a loop's
     assert [o.shape for o in outs] == [w.shape for w in want]
     assert all(torch.equal(o, w) for o, w in zip(outs, want))
     # batch 3 was guessed wrong and sent again to come back in chunks; batch 4 on (sent
@@ -101,7 +106,7 @@ def test_a_shape_that_changes_mid_stream_is_learnt_again(spied, monkeypatch, no_
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("executor", ["processes", "threads"])
+@pytest.mark.parametrize("executor", PARTS)
 def test_a_row_unlike_the_others_raises_what_serial_raises(executor, no_leaks):
     batches = [wide_batch(k) for k in range(3)]
     with prep.Pool(executor, workers=2) as pool, prep.Pool("serial") as ref:
@@ -113,7 +118,7 @@ def test_a_row_unlike_the_others_raises_what_serial_raises(executor, no_leaks):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("executor", ["processes", "threads"])
+@pytest.mark.parametrize("executor", PARTS)
 @pytest.mark.parametrize("wide", [False, True], ids=["in the message", "in place"])
 def test_the_lowest_failing_row_of_all_parts_is_raised(executor, wide):
     b = wide_batch(0, rows=16) if wide else torch.arange(16.0)[:, None]
