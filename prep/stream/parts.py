@@ -29,7 +29,6 @@ through the pool's ``processes``, which isolates the row that killed it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +39,7 @@ from ..errors import StackError
 from ..executors import ChunkMerge, Executor, Job, Shapes, Ticket, first_error
 from .strategy import StrategyPlan
 
-__all__ = ["DeliveredParts", "DeliveredProcessParts", "PartsDelivery"]
+__all__ = ["DeliveredParts", "DeliveredProcessParts", "split_taken"]
 
 
 class DeliveredParts(Executor):
@@ -114,34 +113,8 @@ class DeliveredProcessParts(DeliveredParts):
     needs_processes = True
 
 
-class PartsDelivery:
-    """One split batch in flight, as the stream sees it: done once every part is;
-    :meth:`result` merges and finishes it (and gives the plan its figures)."""
-
-    def __init__(
-        self, tickets: list[Ticket], finish: Callable[[list[Ticket]], Any], plan: StrategyPlan
-    ) -> None:
-        self.tickets, self.finish, self.plan = tickets, finish, plan
-
-    def done(self) -> bool:
-        return all(t.done() for t in self.tickets)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        end = None if timeout is None else time.monotonic() + timeout
-        for t in self.tickets:
-            left = None if end is None else max(0.0, end - time.monotonic())
-            if not t.wait(left):
-                return False
-        return True
-
-    def result(self) -> Any:
-        t = time.perf_counter()
-        value = self.finish(self.tickets)
-        take = time.perf_counter() - t + sum(x.transfer for x in self.tickets)
-        spans = [(x.span[0], x.span[1], len(x.rows)) for x in self.tickets if x.span]
-        self.plan.split_taken(sum(len(x.rows) for x in self.tickets), take, spans)
-        return value
-
-    def cancel(self) -> None:
-        for t in self.tickets:
-            t.cancel()
+def split_taken(plan: StrategyPlan, tickets: list[Ticket], took: float) -> None:
+    """A split batch's figures for the plan: its rows, what taking it took here, and
+    when each part ran."""
+    spans = [(x.span[0], x.span[1], len(x.rows)) for x in tickets if x.span]
+    plan.split_taken(sum(len(x.rows) for x in tickets), took, spans)

@@ -51,14 +51,15 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from .._warn import warn
 from ..errors import ConfigError
+from .delivery import Delivery
 
-__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Ran", "Stream", "Handle", "check_prefetch"]
+__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Stream", "check_prefetch"]
 
 THREAD_NAME = "prep-imap"
 #: seconds :meth:`Stream.close` waits for a batch in flight to finish
@@ -162,45 +163,8 @@ class _Link:
                 return
 
 
-class Handle(Protocol):
-    """A batch handed over: :meth:`wait` for it, then take its :meth:`result`."""
-
-    def done(self) -> bool: ...
-    def wait(self, timeout: float | None = None) -> bool: ...
-    def result(self) -> Any: ...
-    def cancel(self) -> None: ...
-
-
-class Ran:
-    """A batch already run (``call`` in the producer's thread): its result or error."""
-
-    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
-
-    @classmethod
-    def of(cls, call: Callable[[Any], Any], batch: Any) -> Ran:
-        try:
-            return cls(call(batch))
-        except BaseException as exc:  # raised where the consumer takes this batch
-            return cls(error=exc)
-
-    def done(self) -> bool:
-        return True
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return True
-
-    def result(self) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-    def cancel(self) -> None:
-        self.value = None
-
-
 def _produce(
-    submit: Callable[[Any], Handle], batches: Iterator[Any], link: _Link, state: _TorchState
+    submit: Callable[[Any], Delivery], batches: Iterator[Any], link: _Link, state: _TorchState
 ) -> None:
     """The producer thread's life: every batch until they end, one fails or the consumer
     stops; an error goes to the consumer, which raises it in its place."""
@@ -211,16 +175,16 @@ def _produce(
         link.put(_ERROR, exc)
 
 
-def _run_batches(submit: Callable[[Any], Handle], batches: Iterator[Any], link: _Link) -> None:
+def _run_batches(submit: Callable[[Any], Delivery], batches: Iterator[Any], link: _Link) -> None:
     """Keep up to a slot's worth of batches submitted; hand their results over in order.
 
     Each turn does the first of: deliver the oldest batch if it is done; pull and
     submit one more if a slot is free; wait a little, for a slot if the consumer
     has results to take (it frees one when it takes one: a worker must not idle
     then, while this thread waits for the oldest batch), else for the oldest. So a
-    batch run in this thread (:class:`Ran`) is delivered before the next one is
+    batch run in this thread (:meth:`Delivery.ran`) is delivered before the next one is
     pulled, and batches run elsewhere keep every slot busy."""
-    pending: deque[Handle] = deque()
+    pending: deque[Delivery] = deque()
     ended = False
     try:
         while not link.stop.is_set():
@@ -236,7 +200,7 @@ def _run_batches(submit: Callable[[Any], Handle], batches: Iterator[Any], link: 
                     continue
                 except BaseException as exc:  # the batches' own error, in its place
                     ended = True
-                    pending.append(Ran(error=exc))
+                    pending.append(Delivery.failed(exc))
                     continue
                 if link.stop.is_set():  # stopped while the batch was pulled: do not start it
                     return
@@ -256,7 +220,7 @@ def _run_batches(submit: Callable[[Any], Handle], batches: Iterator[Any], link: 
             ticket.cancel()
 
 
-def _deliver(ticket: Handle, link: _Link) -> bool:
+def _deliver(ticket: Delivery, link: _Link) -> bool:
     """The batch's result (or its error, which ends the stream) to the consumer."""
     try:
         result = ticket.result()
@@ -289,7 +253,7 @@ class Stream(Iterator[Any]):
         call: Callable[[Any], Any],
         batches: Iterable[Any],
         prefetch: int = 2,
-        submit: Callable[[Any], Handle] | None = None,
+        submit: Callable[[Any], Delivery] | None = None,
     ) -> None:
         self.prefetch = check_prefetch(prefetch)
         self._call = call
@@ -299,7 +263,7 @@ class Stream(Iterator[Any]):
         self._link = _Link(self.prefetch)  # unused at prefetch=0
         self._thread: threading.Thread | None = None
         if self.prefetch:
-            submit = submit or functools.partial(Ran.of, call)
+            submit = submit or functools.partial(Delivery.ran, call)
             args = (submit, self._batches, self._link, _TorchState.here())
             self._thread = threading.Thread(
                 target=_produce, args=args, name=THREAD_NAME, daemon=True

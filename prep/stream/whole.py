@@ -21,10 +21,11 @@ from ..core.policy import Policy
 from ..core.rows import Rows, SampleRows, rows_of
 from ..errors import WorkerCrashed
 from ..executors import Executor, Job, Ticket, split
-from .parts import DeliveredParts, DeliveredProcessParts, PartsDelivery
+from .delivery import Delivery
+from .parts import DeliveredParts, DeliveredProcessParts, split_taken
 from .strategy import StrategyPlan
 
-__all__ = ["Delivery", "Submitter"]
+__all__ = ["Submitter"]
 
 
 class _Delivered(Executor):
@@ -67,34 +68,14 @@ class _DeliveredProcesses(_Delivered):
     needs_processes = True
 
 
-class Delivery:
-    """A whole batch in flight, as the stream sees it: done once its worker replied;
-    :meth:`result` finishes it (and times that, for the plan)."""
-
-    def __init__(
-        self, ticket: Ticket, finish: Callable[[Ticket], Any], plan: StrategyPlan, flavour: str
-    ) -> None:
-        self.ticket, self.finish, self.plan, self.flavour = ticket, finish, plan, flavour
-
-    def done(self) -> bool:
-        return self.ticket.done()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self.ticket.wait(timeout)
-
-    def result(self) -> Any:
-        t = time.perf_counter()
-        value = self.finish(self.ticket)
-        ticket = self.ticket
-        take = time.perf_counter() - t + ticket.transfer
-        span = ticket.span
-        if span is None and ticket.started is not None and ticket.busy:
-            span = (ticket.started, ticket.started + ticket.busy)  # a thread's own clock
-        self.plan.whole_taken(len(ticket.rows), ticket.busy, take, self.flavour, span)
-        return value
-
-    def cancel(self) -> None:
-        self.ticket.cancel()
+def _whole_taken(plan: StrategyPlan, flavour: str, tickets: list[Ticket], took: float) -> None:
+    """A whole batch's figures for the plan: its rows, its worker's busy time, what
+    taking it took here, and when it ran (a thread's own clock where no span came)."""
+    (ticket,) = tickets
+    span = ticket.span
+    if span is None and ticket.started is not None and ticket.busy:
+        span = (ticket.started, ticket.started + ticket.busy)
+    plan.whole_taken(len(ticket.rows), ticket.busy, took, flavour, span)
 
 
 class _Sender:
@@ -141,19 +122,17 @@ class Submitter:
         self.parts = parts
         self.delivered_parts: DeliveredParts | None = None
 
-    def __call__(self, batch: Any) -> Any:
-        from .stream import Ran
-
+    def __call__(self, batch: Any) -> Delivery:
         ready = True
         if self.plan.measuring():
             try:  # every flavour asked, so that all of them start at once
                 ready = all([self._sender(f).workers.ready() for f in self.plan.flavours])
             except BaseException as exc:  # raised in its place in the order, as split's are
-                return Ran(error=exc)
+                return Delivery.failed(exc)
         strategy = self.plan.next(ready)
         if strategy == "split" and not self.parts:
             t = time.perf_counter()
-            ran = Ran.of(self.split, batch)
+            ran = Delivery.ran(self.split, batch)
             if ran.error is None and self.plan.timed:
                 n = len(batch) if self.samples else len(rows_of(batch))
                 self.plan.split_ran(n, time.perf_counter() - t)
@@ -166,10 +145,11 @@ class Submitter:
             sender = self._sender(flavour)
             ticket = sender.workers.submit(sender.key, rows, self.policy, self.timeout)
         except BaseException as exc:  # raised in its place in the order, as split's are
-            return Ran(error=exc)
-        return Delivery(ticket, functools.partial(self._take, sender), self.plan, flavour)
+            return Delivery.failed(exc)
+        finish = lambda tickets: self._finish(sender.delivered.take(ticket), rows)  # noqa: E731
+        return Delivery([ticket], finish, functools.partial(_whole_taken, self.plan, flavour))
 
-    def _submit_parts(self, rows: Rows, guess: bool = True) -> PartsDelivery:
+    def _submit_parts(self, rows: Rows, guess: bool = True) -> Delivery:
         assert self.parts is not None, "a stream that splits in parts names their workers"
         sender = self._sender(self.parts)
         if self.delivered_parts is None:
@@ -182,7 +162,7 @@ class Submitter:
         bounds = split(0, len(rows), workers.workers)
         tickets = workers.submit_parts(sender.key, rows, self.policy, self.timeout, bounds, into)
         finish = lambda tickets: self._finish(delivered.take(tickets), rows)  # noqa: E731
-        return PartsDelivery(tickets, finish, self.plan)
+        return Delivery(tickets, finish, functools.partial(split_taken, self.plan))
 
     def _sender(self, flavour: str) -> _Sender:
         sender = self.senders.get(flavour)
@@ -190,6 +170,3 @@ class Submitter:
             assert self.pick is not None, "a plan with whole batches has workers to pick"
             sender = self.senders[flavour] = _Sender(self.pick(flavour), self.fn, self.isolate)
         return sender
-
-    def _take(self, sender: _Sender, ticket: Ticket) -> Any:
-        return self._finish(sender.delivered.take(ticket), ticket.rows)
