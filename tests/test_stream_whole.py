@@ -33,27 +33,28 @@ from prep.stream.strategy import (
     together,
 )
 from prep.stream.stream import THREAD_NAME
-from tests import rowfns, statefns
+from tests import refs, registry, rowfns, statefns
 from tests.conftest import pool_children, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: (pool executor, strategy): every way a stream can run its batches
-WAYS = [
-    ("serial", "split"),
-    ("threads", "split"),
-    ("threads", "whole"),
-    ("threads", "auto"),
-    ("processes", "split"),
-    ("processes", "whole"),
-    ("processes", "auto"),
-    ("auto", "auto"),
-    ("auto", "whole"),
-]
-WHOLE = [("threads", "whole"), ("processes", "whole")]
+#: (pool executor, strategy): every way a stream can run its batches, from the registry
+#: (tests/registry.py says which executors refuse strategy='whole', and why)
+STRATEGIES = ("split", "whole", "auto")
+WHOLE = [(e, "whole") for e in registry.executors(registry.WHOLE)]
 #: every way with several batches in flight: whole batches, and a split into parts on
 #: the stream's workers (``prep.stream.parts``)
-IN_FLIGHT = [*WHOLE, ("processes", "split"), ("threads", "split")]
+IN_FLIGHT = [*WHOLE, *((e, "split") for e in registry.executors(registry.PARTS))]
+
+
+def ways(*needs: str) -> list[tuple[str, str]]:
+    """Every (executor, strategy) that runs a row function needing ``needs``."""
+    return [
+        (e, s)
+        for e in registry.executors(*needs)
+        for s in STRATEGIES
+        if s != "whole" or e in registry.executors(registry.WHOLE)
+    ]
 
 
 def busy_threads() -> list[threading.Thread]:
@@ -110,7 +111,7 @@ def tokens(sample: int) -> torch.Tensor:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("executor", "strategy"), WAYS)
+@pytest.mark.parametrize(("executor", "strategy"), ways(registry.NO_TWIN, registry.READS_VALUES))
 def test_results_come_in_order_with_batches_in_flight(executor, strategy, no_leaks):
     batches = [batch(k) for k in range(16)]
     with prep.Pool(executor, workers=2) as pool:
@@ -163,12 +164,11 @@ FNS[True, True] = ragged_failing
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("executor", "strategy"), IN_FLIGHT)
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(o) or "plain")
-def test_batches_in_flight_equal_serial_bit_for_bit(executor, strategy, options):
+def test_batches_in_flight_equal_a_loop_bit_for_bit(executor, strategy, options):
     batches = [list(range(k * 6, k * 6 + 6)) for k in range(8)]
     fn = FNS["pad" in options, "on_error" in options]
     warned = pytest.warns if options.get("on_error") else _nothing
-    with prep.Pool("serial") as ref_pool, warned():
-        want = [ref_pool.map_samples(fn, b, **options) for b in batches]
+    want = [refs.loop(fn, b, **options) for b in batches]  # no prep code
     with prep.Pool(executor, workers=2) as pool, warned():
         got = list(pool.imap_samples(fn, batches, strategy=strategy, **options))
     assert len(got) == len(want)
