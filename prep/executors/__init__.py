@@ -10,9 +10,7 @@ private modules are its own (``.importlinter`` holds every package to that)."""
 from __future__ import annotations
 
 from ._base import (
-    BLOCK,
     Executor,
-    Job,
     Measured,
     available_cores,
     copy_rows,
@@ -26,6 +24,7 @@ from ._batch_threads import ThreadBatches
 from ._batches import ProcessBatches
 from ._chunks import ChunkMerge
 from ._fdpipe import INLINE
+from ._job import BLOCK, Job
 from ._shapes import Shapes
 from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
 from ._ticket import Ticket

@@ -20,8 +20,9 @@ from typing import Any
 from ..core.output import Output
 from ..core.policy import Policy
 from ..core.rows import Rows
-from ._base import Job, threads_per_worker
+from ._base import threads_per_worker
 from ._daemons import DaemonThreads, own_intra_op_threads
+from ._job import Job
 from ._shapes import Shapes
 from ._ticket import Ticket, value_of
 from ._worker import run_chunk, write_rows

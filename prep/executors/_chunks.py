@@ -19,7 +19,8 @@ from typing import Any
 from ..core.output import Output
 from ..core.policy import ResultCheck
 from ..errors import RowError, StackError, WorkerCrashed
-from ._base import Job, first_error
+from ._base import first_error
+from ._job import Job
 from ._ticket import Ticket
 from ._worker import error_from_reply
 

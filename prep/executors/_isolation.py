@@ -10,7 +10,7 @@ which task's worker died, so ``joblib`` hands over every range in flight.
 
 from __future__ import annotations
 
-from ._base import Job
+from ._job import Job
 
 Range = tuple[int, int]
 

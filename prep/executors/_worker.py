@@ -24,8 +24,8 @@ from ..core.output import Output
 from ..core.policy import RAISE, Policy, ResultCheck
 from ..core.rows import Rows
 from ..errors import RemoteTraceback, RowError, SetupError
-from ._base import BLOCK, Job
 from ._context import OWN, Context, follow
+from ._job import BLOCK, Job
 
 
 def limit_threads(threads: int) -> None:

@@ -25,10 +25,11 @@ from ..core.output import Output
 from ..core.policy import ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
-from ._base import Executor, Job, first_error, iter_chunks, threads_per_worker
+from ._base import Executor, first_error, iter_chunks, threads_per_worker
 from ._chunks import ChunkMerge
 from ._context import Follower
 from ._isolation import Isolation
+from ._job import Job
 from ._transport import pickle_fn
 
 

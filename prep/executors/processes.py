@@ -50,12 +50,13 @@ from ..errors import (
     WorkerCrashed,
 )
 from . import _spawn, _worker
-from ._base import Executor, Job, Measured, copy_rows, split, threads_per_worker
+from ._base import Executor, Measured, copy_rows, split, threads_per_worker
 from ._batches import ProcessBatches
 from ._chunks import gather
 from ._fdpipe import INLINE
 from ._handles import how_it_ended
 from ._isolation import Isolation
+from ._job import Job
 from ._ticket import Ticket
 from ._transport import check_shm, describe_fn, pickle_fn, shm_fits, shm_free
 

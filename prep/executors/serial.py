@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..core.output import Output
-from ._base import Executor, Job, Measured
+from ._base import Executor, Measured
+from ._job import Job
 
 
 class SerialExecutor(Executor):

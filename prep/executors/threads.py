@@ -24,9 +24,10 @@ place.
 from __future__ import annotations
 
 from ..core.output import Output
-from ._base import Executor, Job, Measured, split, threads_per_worker
+from ._base import Executor, Measured, split, threads_per_worker
 from ._batch_threads import ThreadBatches
 from ._chunks import gather
+from ._job import Job
 from ._ticket import Ticket
 
 #: parts per worker of a batch: one queue, so a thread that is done first takes more;

@@ -14,7 +14,8 @@ from ..core.policy import Policy
 from ..core.rows import TensorRows
 from ..core.rowwise import twin_of
 from ..errors import ConfigError, PrepError, VmapUnsupported
-from ._base import Executor, Job, Measured
+from ._base import Executor, Measured
+from ._job import Job
 
 
 class VectorizedExecutor(Executor):
