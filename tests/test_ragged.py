@@ -201,22 +201,7 @@ def test_fill_with_padding_pads_failed_rows_and_gives_them_length_0(executor):
     assert lengths.tolist() == [2, 0, 3, 1] and valid.tolist() == [True, False, True, True]
 
 
-@pytest.mark.parametrize(
-    "executor",
-    [
-        pytest.param(
-            ex,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="defect: auto, every row failing under on_error='skip' or 'fill', "
-                "raises AssertionError('the calibrator ran every row'), not the RowError",
-            ),
-        )
-        if ex == "auto"
-        else ex
-        for ex in FILLS
-    ],
-)
+@pytest.mark.parametrize("executor", FILLS)
 def test_every_row_failing_says_so(executor):
     with pytest.raises(prep.RowError, match="every one of the 6 rows failed"):
         quiet(
