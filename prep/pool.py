@@ -24,7 +24,7 @@ from .core.rows import Rows, rows_of, samples_of
 from .core.state import Binder
 from .errors import ConfigError
 from .executors import Executor, in_worker_process, resolve_workers
-from .registry import AUTO, executor_class
+from .registry import AUTO, IN_WORKERS, executor_class
 from .stream.stream import Stream
 from .stream.streams import Streams
 
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SHARED", "Pool", "Shared"]
 
-#: what runs instead, inside a DataLoader worker, of an executor that needs processes
-IN_WORKERS = "threads"
 _warned_fallback = False
 
 

@@ -19,6 +19,9 @@ from .executors import Executor
 
 #: the default executor's name: the one that measures the others and picks
 AUTO = AutoExecutor.name
+#: what runs instead, inside a DataLoader worker (a daemonic process may not have
+#: children), of an executor that needs processes
+IN_WORKERS = "threads"
 
 #: the executor of a name, as a pool holds it warm
 ExecutorOf = Callable[[str], Executor]
@@ -60,4 +63,9 @@ def make(name: str, workers: int, warm: ExecutorOf) -> Executor:
     return _MAKERS[name](workers, warm)
 
 
-__all__ = ["AUTO", "EXECUTORS", "executor_class", "make"]
+__all__ = ["AUTO", "EXECUTORS", "IN_WORKERS", "executor_class", "in_caller", "make"]
+
+
+def in_caller() -> tuple[str, ...]:
+    """The executors that run every row in the calling thread (``Executor.in_caller``)."""
+    return tuple(name for name, cls in EXECUTORS.items() if cls.in_caller)

@@ -327,15 +327,22 @@ def _prep(*args: object) -> int:
     return main([str(a) for a in args])
 
 
-def test_prep_run_without_a_required_arg_says_so_once(tmp_path: Path, capsys):
+def test_prep_run_without_a_required_arg_names_each_shard_and_the_flag(tmp_path: Path, capsys):
+    """A parameter no shard has a column for is a ShardError of each shard (issue 30: the
+    file lacks the column, or the command an --arg): one line each, naming the file,
+    the column and both fixes; exit code 1, no traceback."""
     data = tmp_path / "data"
     prep.run.make_shards(data, shards=3, rows=4, seq=6, dim=2)
-    code = _prep("run", data, "--out", tmp_path / "out", "--fn", "prep.ops:side_context_row")
+    # --on-error skip: every shard runs (under stop, how many were in flight decides)
+    code = _prep("run", data, "--out", tmp_path / "out", "--fn", "prep.ops:side_context_row",
+                 "--on-error", "skip")  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 2
-    assert err.count("\n") == 1 and "Traceback" not in err
-    assert "missing a required argument: 'max_len'" in err and "--arg NAME=VALUE" in err
-    assert not (tmp_path / "out").exists()  # checked before --out was made
+    assert code == 1 and "Traceback" not in err
+    failed = [line for line in err.splitlines() if "FAILED" in line]
+    assert len(failed) == 3
+    for k, line in enumerate(failed):
+        assert f"shard-0000{k}.pt" in line and "has no column 'max_len'" in line
+        assert "--arg max_len=VALUE" in line
 
 
 def test_prep_run_with_an_argument_the_function_lacks(tmp_path: Path, capsys):
@@ -427,8 +434,8 @@ def test_prep_run_explain_without_a_required_arg_says_so(tmp_path: Path, capsys)
     code = _prep("run", data, "--out", tmp_path / "out", "--fn", "prep.ops:side_context_row",
                  "--explain")  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err
-    assert "missing a required argument: 'max_len'" in err
+    assert code == 1 and "Traceback" not in err  # the first shard's ShardError, as its run's
+    assert "shard-00000.pt: has no column 'max_len'" in err and "--arg max_len=VALUE" in err
 
 
 def pair_only(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

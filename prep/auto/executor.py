@@ -53,6 +53,9 @@ class AutoExecutor(Executor):
     """
 
     name = "auto"
+    # a stream tries whole batches on threads (no transport: they win where the rows
+    # release the GIL) and on processes (the DataLoader's shape, for the rest)
+    stream_workers = ("threads", "processes")
     #: choices kept per signature, for as many batch sizes more than 4x apart
     SIZES = 4
     #: signatures kept; past this the oldest is forgotten (a loop that makes a new

@@ -102,6 +102,12 @@ class Executor(ABC):
     per_row: ClassVar[bool] = True
     #: whether it starts child processes (not allowed inside a DataLoader worker)
     needs_processes: ClassVar[bool] = False
+    #: whether it runs every row in the calling thread, with no workers of its own (what
+    #: a shard worker of ``prep run`` may run its rows with)
+    in_caller: ClassVar[bool] = False
+    #: the executors whose workers (their ``engine``) a stream of this one may give whole
+    #: batches to, its own kind last (none: a stream splits every batch)
+    stream_workers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = resolve_workers(workers)

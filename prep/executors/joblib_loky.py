@@ -36,6 +36,7 @@ from ._transport import pickle_fn
 class JoblibExecutor(Executor):
     name = "joblib"
     needs_processes = True
+    stream_workers = ("processes",)  # loky's workers take tasks, not streams: prep's do
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)

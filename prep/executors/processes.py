@@ -73,6 +73,7 @@ PROGRESS_PARTS = 4
 class ProcessExecutor(Executor):
     name = "processes"
     needs_processes = True
+    stream_workers = ("processes",)
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)

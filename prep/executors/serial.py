@@ -15,6 +15,7 @@ class SerialExecutor(Executor):
     """
 
     name = "serial"
+    in_caller = True
 
     def __init__(self, workers: int | None = 1) -> None:
         super().__init__(workers)

@@ -40,6 +40,7 @@ HAND_OVER = 2e-4
 
 class ThreadExecutor(Executor):
     name = "threads"
+    stream_workers = ("threads",)
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -23,6 +23,9 @@ class VectorizedExecutor(Executor):
 
     name = "vectorized"
     per_row = False
+    in_caller = True
+    #: whether its batched call can pad ragged rows (a twin that takes pad=)
+    pads: ClassVar[bool] = True
 
     def __init__(self, workers: int | None = 1) -> None:
         super().__init__(workers)
@@ -99,7 +102,7 @@ class VectorizedExecutor(Executor):
         padding = policy.padding
         if padding is None:
             return twin
-        if self.name == "vmap":
+        if not self.pads:
             raise ConfigError(
                 "executor='vmap' cannot return ragged rows (every row of a vmap has one "
                 "shape); use a per-row executor with pad=, or a twin that pads"
@@ -130,6 +133,7 @@ class VmapExecutor(VectorizedExecutor):
     """
 
     name = "vmap"
+    pads = False  # every row of a vmap has one shape
 
     def batched(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
         def call(*columns: Any, **named: Any) -> Any:

@@ -45,6 +45,7 @@ from ..executors import (
     warm_up,
 )
 from ..pool import SHARED, Pool
+from ..registry import AUTO
 from .config import RunConfig
 from .plan import Forms, ShardFigures, ShardPlan, decide, measure
 from .shards import load_shard
@@ -241,7 +242,7 @@ def _rows_only(config: RunConfig, workers: int, shards: int, parallel: str) -> s
     """Why shards cannot (or, under auto, need not) go whole to worker processes here."""
     if config.device is not None and config.device != "cpu":
         return f"--device {config.device}: worker processes never touch a GPU"
-    if config.executor not in (*IN_WORKER, "auto"):
+    if config.executor not in (*IN_WORKER, AUTO):
         return f"--executor {config.executor} spreads each shard's rows"
     if in_worker_process():
         return "this is a daemon process (a DataLoader worker), which cannot have children"
@@ -289,7 +290,7 @@ def first_shard_figures(
         def run(executor: str, k: int) -> Any:
             return SHARED.pool(executor, 1).run(fn, rows_of(_head(batch, k)), options)
 
-        names = IN_WORKER if config.executor == "auto" else (config.executor,)
+        names = IN_WORKER if config.executor == AUTO else (config.executor,)
         forms = measure(run, n, workers, names)
     except Exception:
         return None

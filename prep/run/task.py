@@ -31,6 +31,7 @@ from ..api import explain
 from ..core.rows import rows_of
 from ..errors import Cancelled, RowError, ShardError
 from ..pool import SHARED, Pool
+from ..registry import in_caller
 from .config import RunConfig
 from .manifest import SCHEMA
 from .rows import failed_rows, with_lengths
@@ -46,9 +47,10 @@ __all__ = [
     "worker_form",
 ]
 
-#: executors a shard worker may run its rows with: those that need no process of their
-#: own (auto runs serial there, the reference, so that no worker calibrates on its own)
-IN_WORKER = ("serial", "vmap", "vectorized")
+#: executors a shard worker may run its rows with: those that run in its thread, with no
+#: workers of their own (auto runs serial there, the reference, so that no worker
+#: calibrates on its own)
+IN_WORKER = in_caller()
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def run_shard(
 def worker_form(executor: str) -> str:
     """What a whole-shard worker runs rows with for ``executor``, where nothing was
     measured: the executor itself if it needs no process of its own, else serial."""
-    return executor if executor in IN_WORKER else "serial"
+    return executor if executor in IN_WORKER else "serial"  # the reference
 
 
 #: the Pool of each (executor, setup) in this worker process: setup= runs once a worker

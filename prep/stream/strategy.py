@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..registry import EXECUTORS, executor_class
 
 __all__ = [
     "STRATEGIES",
@@ -44,17 +45,13 @@ __all__ = [
 ]
 
 STRATEGIES = ("split", "whole", "auto")
-#: the whole-batch flavour a pool of each executor uses (none: split only)
-FLAVOUR = {
-    "processes": "processes",
-    "joblib": "processes",
-    "auto": "processes",
-    "threads": "threads",
-}
-#: flavours whose workers share no lock (threads share the GIL)
-INDEPENDENT = frozenset({"processes"})
 #: whole must beat split by this factor to be chosen (split holds less memory per batch)
 MARGIN = 1.05
+
+
+def _independent(flavour: str) -> bool:
+    """Whether the workers of ``flavour`` share no lock (processes; threads share the GIL)."""
+    return flavour in EXECUTORS and executor_class(flavour).needs_processes
 
 
 def check_strategy(strategy: object, executor: str, workers: int, prefetch: int) -> str:
@@ -66,12 +63,12 @@ def check_strategy(strategy: object, executor: str, workers: int, prefetch: int)
             f"'split' runs each batch across all workers, 'whole' gives each worker whole "
             f"batches (as a DataLoader does), 'auto' measures both on the stream"
         )
-    flavour = FLAVOUR.get(executor)
-    if strategy == "whole" and flavour is None:
+    flavours = executor_class(executor).stream_workers
+    if strategy == "whole" and not flavours:
+        some = " or ".join(repr(n) for n, c in EXECUTORS.items() if c.stream_workers)
         raise ConfigError(
             f"strategy='whole' gives each worker whole batches, but executor={executor!r} "
-            f"has no workers to give them to; use executor='processes', 'threads' or "
-            f"'auto', or strategy='split'"
+            f"has no workers to give them to; use executor={some}, or strategy='split'"
         )
     if strategy == "whole" and prefetch == 0:
         raise ConfigError(
@@ -79,7 +76,7 @@ def check_strategy(strategy: object, executor: str, workers: int, prefetch: int)
             "batch in your loop's thread; pass prefetch >= 1 (two per worker keep every "
             "worker busy), or strategy='split'"
         )
-    if strategy == "auto" and (flavour is None or prefetch < 2 or workers < 2):
+    if strategy == "auto" and (not flavours or prefetch < 2 or workers < 2):
         return "split"  # nothing to gain: one worker, or no batches in flight to share
     assert isinstance(strategy, str)
     return strategy
@@ -320,7 +317,7 @@ class StrategyPlan:
         the pool's own flavour, the plan's only one)."""
         if not self.split.spans:
             return _median(self.split.batch_rates)
-        independent = self.flavours[0] in INDEPENDENT
+        independent = _independent(self.flavours[0])
         return self.split.figures(self.workers, None, independent).whole
 
     def whole_taken(
@@ -346,7 +343,7 @@ class StrategyPlan:
     def all_figures(self) -> dict[str, StrategyFigures]:
         split = self.split_rate()
         return {
-            f: arm.figures(self.workers, split, f in INDEPENDENT) for f, arm in self.whole.items()
+            f: arm.figures(self.workers, split, _independent(f)) for f, arm in self.whole.items()
         }
 
     def figures(self) -> StrategyFigures:

@@ -21,7 +21,8 @@ from ..core.options import Options
 from ..core.rows import Rows, rows_of
 from ..errors import ConfigError
 from ..executors import Executor, ProcessBatches, ThreadBatches, in_worker_process
-from .strategy import FLAVOUR, StrategyPlan, check_strategy
+from ..registry import IN_WORKERS, executor_class
+from .strategy import StrategyPlan, check_strategy
 from .stream import Stream, check_prefetch
 from .whole import Submitter
 
@@ -76,7 +77,8 @@ class Streams:
         run (as a DataLoader's prefetch_factor=2 does), else two."""
         if prefetch is not None:
             return check_prefetch(prefetch)
-        whole = strategy in ("whole", "auto") and executor in FLAVOUR and self.workers > 1
+        kinds = executor_class(executor).stream_workers
+        whole = strategy in ("whole", "auto") and bool(kinds) and self.workers > 1
         return 2 * self.workers if whole else 2
 
     def open(
@@ -96,9 +98,10 @@ class Streams:
         """A stream of ``call(batch)`` (the pool's map_rows/map_samples with ``options``)
         for split batches; whole ones through the workers, finished by ``finish``
         (``options.progress``: a bar of batches)."""
-        flavour = FLAVOUR.get(executor)
-        if flavour == "processes" and in_worker_process():
-            flavour = "threads"  # a DataLoader worker cannot have children
+        flavours = executor_class(executor).stream_workers
+        if in_worker_process():  # a DataLoader worker cannot have children
+            kept = tuple(f for f in flavours if not executor_class(f).needs_processes)
+            flavours = kept or ((IN_WORKERS,) if flavours else ())
         prefetch = self.prefetch(prefetch, strategy, executor)
         strategy = check_strategy(strategy, executor, self.workers, prefetch)
         if options.out is not None and prefetch != 0:
@@ -121,17 +124,14 @@ class Streams:
                 meter.advance(len(rows))
             return out
 
-        # auto's pool tries whole batches on threads (no transport: they win where the rows
-        # release the GIL) and on processes (the DataLoader's shape, for the rest)
-        both = executor == "auto" and flavour == "processes"
-        flavours = ("threads", "processes") if both else (flavour or "",)
+        flavour = flavours[-1] if flavours else None  # the executor's own kind
         shaping = repr(sorted(options.batch_options().items()))  # what shapes a batch's result
-        plan = self.plan(strategy, (fn, samples, shaping), flavours)
+        plan = self.plan(strategy, (fn, samples, shaping), flavours or ("",))
         submit = Submitter(
             plan, samples, split, finished, fn, options.policy,
             self.whole_workers if flavour else None,
             isolate=isolate, timeout=options.timeout,
-            parts=flavour if executor == flavour else None,
+            parts=flavour if executor in flavours else None,  # the executor's own workers
         )  # fmt: skip
         stream = Stream(split, batches, prefetch, submit=submit)
         if meter is not None:
