@@ -279,3 +279,21 @@ def test_wisdom_off_says_nothing_of_a_busy_machine(monkeypatch):
         (cal,) = pool.choices()
         ((_, (decisions,)),) = pool._get("auto")._choices.values()
     assert decisions.wisdom_key is None and "remembered" not in str(cal)
+
+
+def test_a_remembered_choice_is_written_again_only_once_it_moved():
+    """A short program on a remembered choice pays no write (a thread start, a file
+    write) for figures the file already holds: its choice's own batches are written
+    after 8, and a new choice at once."""
+    from prep.auto import Decisions
+
+    entry = {"choice": "serial", "rows": 100, "figures": {"serial": 0.05, "threads": 0.06}}
+    d = Decisions.from_wisdom(entry, workers=2, options="")
+    writes = []
+    for batch in range(8):
+        d.observe("serial", 0.05, 100)
+        writes += [batch] if d.wisdom_changed() else []
+    assert writes == [7]  # after 8 of its batches
+    for _ in range(8):  # now ten times slower: threads is the better choice
+        d.observe("serial", 0.5, 100)
+    assert d.cal.choice == "threads" and d.wisdom_changed()

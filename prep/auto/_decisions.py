@@ -74,6 +74,9 @@ class Decisions:
         # (two batches each would cost a short program more than calibrating); the
         # choice's own batches are timed, and it moves when they run off
         decisions.trials = dict.fromkeys(cal.predicted, 2)
+        # what is remembered is written already: the choice's own first batches here
+        # are no reason to write it again (a short program's batches would wait for it)
+        decisions.written = (cal.choice, (cal.choice,), cal.processes_ready, False)
         return decisions
 
     def best(self) -> str:

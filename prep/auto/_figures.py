@@ -142,13 +142,14 @@ class Figures:
     def backing(self) -> Any:
         """What backs the choice, to tell when it moved (a new choice, an executor
         measured for the first time, a pool started, or the choice's own figure over
-        2 and 8 batches)."""
+        2 and 8 batches; over 8 only for a choice remembered from an earlier run, whose
+        figure already was a whole batch's there)."""
         seen = self.observed.get(self.choice, [])
         return (
             self.choice,
             tuple(sorted(self.observed)),
             self.processes_ready,
-            len(seen) in (2, 8),
+            len(seen) in ((8,) if self.remembered else (2, 8)),
         )
 
 
