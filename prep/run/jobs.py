@@ -291,8 +291,11 @@ def _record_failure(
     error = failures.line(exc)
     summary.failed.append((task.source.rel, error))
     summary.tracebacks[task.source.rel] = failures.full(exc)
-    if not summary.traceback and failures.wants_traceback(exc):
-        summary.traceback = failures.short(exc)  # the terminal shows the first one only
+    first = not summary.traceback or task.source.rel < summary.traceback_of
+    if first and failures.wants_traceback(exc):
+        # the terminal shows one: the failed shard first by name (a folder's order),
+        # whichever finished first, so that a rerun shows the same one
+        summary.traceback = failures.short(exc)
         summary.traceback_of = task.source.rel
     summary.row_failures += isinstance(exc, RowError)
     with contextlib.suppress(OSError):  # it was read before it failed, or tried
