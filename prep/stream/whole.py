@@ -21,6 +21,7 @@ from ..core.policy import Policy
 from ..core.rows import Rows, SampleRows, rows_of
 from ..errors import WorkerCrashed
 from ..executors import Executor, Job, Ticket, split
+from ..registry import executor_class
 from .delivery import Delivery
 from .parts import DeliveredParts, DeliveredProcessParts, split_taken
 from .strategy import StrategyPlan
@@ -85,7 +86,8 @@ class _Sender:
     def __init__(self, workers: Any, fn: Any, isolate: Callable[[], Executor]) -> None:
         self.workers = workers
         self.key = workers.prepare(fn)
-        kind = _DeliveredProcesses if workers.name == "processes" else _Delivered
+        other = executor_class(workers.name).needs_processes  # another interpreter's rows
+        kind = _DeliveredProcesses if other else _Delivered
         self.delivered = kind(isolate)
 
 
@@ -154,7 +156,8 @@ class Submitter:
         sender = self._sender(self.parts)
         if self.delivered_parts is None:
             resubmit = functools.partial(self._submit_parts, guess=False)
-            kind = DeliveredProcessParts if self.parts == "processes" else DeliveredParts
+            other = executor_class(self.parts).needs_processes
+            kind = DeliveredProcessParts if other else DeliveredParts
             self.delivered_parts = kind(self.isolate, resubmit, sender.workers.shapes, sender.key)
         delivered = self.delivered_parts
         workers = sender.workers
