@@ -174,6 +174,17 @@ def exits(row: torch.Tensor) -> torch.Tensor:
     return row
 
 
+def dies_writing(row: torch.Tensor) -> torch.Tensor:
+    """Row 1 leaves a shard's temporary file in $PREP_TEST_OUT, as a save in progress
+    does, and ends its worker process at once: a worker killed while it wrote."""
+    if int(row.flatten()[0]) == 1:
+        out = os.environ["PREP_TEST_OUT"]
+        with open(os.path.join(out, f".s0.pt.tmp-{os.getpid()}-0123abcd"), "wb") as f:
+            f.write(b"PK")
+        os._exit(3)
+    return row
+
+
 def shaped(sample: torch.Tensor) -> torch.Tensor:
     """``sample`` = [dims, d0, d1, d2, dtype index, value]: a tensor of that many dims."""
     dims, d0, d1, d2, dtype, value = (int(v) for v in sample[:6])

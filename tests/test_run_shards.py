@@ -155,6 +155,21 @@ def test_a_shard_error_keeps_its_own_type_and_traceback(tmp_path, capsys):
     assert all("RowError: row 5" in f["traceback"] for f in failures.values())
 
 
+def test_a_worker_that_died_writing_leaves_no_temp_once_the_run_ends(tmp_path, capsys, monkeypatch):
+    """Its temporary file is not an output: the run removes it at its end (its writer
+    is gone), not only the next run at its start."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    numbered(data, shards=4, rows=3)
+    out.mkdir()
+    monkeypatch.setenv("PREP_TEST_OUT", str(out))  # the workers follow the caller's env
+    code = cli("run", data, "--out", out, "--fn", "tests.rowfns:dies_writing", "--columns",
+               "x", "--executor", "serial", "--parallel", "shards", "--workers", 2,
+               "--on-error", "skip", "--quiet")  # fmt: skip
+    assert code == 1 and "WorkerCrashed" in capsys.readouterr().err
+    assert temps_in(out) == []
+    assert sorted(Manifest(out).entries()) == ["s1.pt", "s2.pt", "s3.pt"]
+
+
 def _slow_shards(folder: pathlib.Path) -> None:
     numbered(folder, shards=8, rows=6)
 
@@ -186,6 +201,7 @@ def test_sigkill_then_resume_gives_the_same_bytes(tmp_path, victim):
         code = child.finish()
         assert code == 1, child.stderr  # the shard that worker held failed; the rest ran
         assert "WorkerCrashed" in child.stderr
+        assert temps_in(out) == []  # the dead worker's, if it was writing, is removed
     for name in outputs(out):  # whatever has a final name is complete
         S.load_shard(out / name)
     again = Child("run", data, "--out", out, *SLOW, "--parallel", "shards", "--resume")

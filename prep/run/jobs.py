@@ -164,6 +164,7 @@ def run_shards(
         raise
     else:
         backend.close()
+        remove_stale_temps(folder)  # a worker that died while writing left its temp behind
     finally:
         summary.seconds = time.monotonic() - started
         with shielded():
