@@ -127,12 +127,11 @@ def run_shards(
     ``jobs``: shards in flight (default: 2 a worker process, 2 with rows spread out,
     1 a Dask worker thread). ``parallel``: ``"shards"`` (whole shards on worker
     processes), ``"rows"`` (a shard at a time, its rows spread by the config's
-    executor) or ``"auto"`` (:mod:`prep.run.plan`; ``summary.plan`` says which, why). After a failed
-    shard, ``on_error="stop"`` finishes those in flight and starts no more, ``"skip"``
-    goes on (a row the function raises on fails its shard unless
-    ``config.on_row_error`` keeps it). ``resume`` skips the shards the manifest proves
-    done; ``cluster``: a Dask scheduler address, or ``"local"``. Ctrl-C (and SIGTERM,
-    :func:`sigterm_raises`) abandons the shards in flight, and their temporary files.
+    executor) or ``"auto"`` (:mod:`prep.run.plan`; ``summary.plan`` says which, why).
+    After a failed shard (a failing row fails it unless ``config.on_row_error`` keeps
+    it), ``on_error="stop"`` lets those in flight finish and starts no more, ``"skip"``
+    goes on. ``resume`` skips the shards the manifest proves done. ``cluster``: a Dask
+    scheduler's address, or ``"local"``. Ctrl-C and SIGTERM abandon those in flight.
 
     >>> import tempfile, prep.run
     >>> from prep.run import RunConfig, run_shards
