@@ -508,3 +508,18 @@ def test_rows_failed_against_a_reference_a_chunk_set_travel_back_with_their_resu
     with pytest.raises(prep.StackError) as final:
         pickle.loads(pickle.dumps(seeded)).fresh()(torch.zeros(1, dtype=torch.float64))
     assert getattr(final.value, "result", None) is None
+
+
+@pytest.mark.parametrize(
+    ("dtype", "examples"),
+    [(torch.uint8, "pad=0 or pad=255"), (torch.int8, "pad=0 or pad=-1")],
+)
+def test_a_pad_that_does_not_fit_suggests_only_values_the_dtype_holds(dtype, examples):
+    with pytest.raises(ValueError) as caught:
+        prep.map_rows(lambda r: r * 2, torch.zeros(3, 1, dtype=dtype), executor="serial",
+                      pad=1000)  # fmt: skip
+    text = str(caught.value)
+    assert f"(e.g. {examples})" in text
+    for value in ("-1", "0", "255"):  # every suggestion must itself fit
+        if f"pad={value}" in text.split("(e.g. ")[1]:
+            assert prep.core.output.fits(int(value), dtype)

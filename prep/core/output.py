@@ -300,10 +300,12 @@ def check_fits(value: bool | int | float, dtype: torch.dtype, name: str, where: 
     an output of ``dtype``."""
     if not fits(value, dtype):
         short = str(dtype).removeprefix("torch.")
+        # examples the dtype does hold (uint8 and bool hold no -1)
+        examples = " or ".join(f"{name}={v!r}" for v in (0, -1, 255) if fits(v, dtype))
         raise ValueError(
             f"{name}={value!r} does not fit the output's dtype {short}{where}: {short} cannot "
-            f"hold it; pass a {name}= that it can (e.g. {name}=0 or {name}=-1), or have the "
-            f"row function return a dtype that holds {value!r}"
+            f"hold it; pass a {name}= that it can (e.g. {examples}), or have the row "
+            f"function return a dtype that holds {value!r}"
         )
 
 
