@@ -523,3 +523,19 @@ def test_a_pad_that_does_not_fit_suggests_only_values_the_dtype_holds(dtype, exa
     for value in ("-1", "0", "255"):  # every suggestion must itself fit
         if f"pad={value}" in text.split("(e.g. ")[1]:
             assert prep.core.output.fits(int(value), dtype)
+
+
+def test_a_twin_without_the_columns_names_says_how_to_map_them():
+    """A dict batch's columns go to the twin by name, as to the row function: a twin
+    named otherwise is a ConfigError pointing at rename=, not the twin's TypeError."""
+    x = torch.arange(8.0).view(4, 2)
+    with pytest.raises(
+        prep.ConfigError, match=r"no parameter for the batch's column\(s\) 'row'.*rename=\{'row'"
+    ):
+        prep.map_rows(rowfns.affine, {"row": x}, executor="vectorized")
+
+    def twice(x):
+        return x * 2 + 1
+
+    mapped = prep.rowwise(batched=twice, rename={"row": "x"})(lambda row: row * 2 + 1)
+    assert torch.equal(prep.map_rows(mapped, {"row": x}, executor="vectorized"), x * 2 + 1)

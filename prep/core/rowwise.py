@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,6 +39,19 @@ class BoundTwin:
     def __call__(self, *columns: Any, **named: Any) -> Any:
         named = {self.twin.rename.get(k, k): v for k, v in named.items()}
         return self.twin.batched(*self.args, *columns, **self.kwargs, **named)
+
+    def unknown(self, names: Sequence[str]) -> list[str]:
+        """The columns, passed by these names, that the batched function has no
+        parameter for (after ``rename``); none where its signature is unknown."""
+        try:
+            params = inspect.signature(self.twin.batched).parameters
+        except (TypeError, ValueError):
+            return []
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return []
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        takes = {n for n, p in params.items() if p.kind in kinds}
+        return [k for k in names if self.twin.rename.get(k, k) not in takes]
 
 
 def rowwise(

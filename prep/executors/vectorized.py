@@ -12,7 +12,7 @@ import torch
 from ..core.output import Output, flatten
 from ..core.policy import Policy
 from ..core.rows import TensorRows
-from ..core.rowwise import twin_of
+from ..core.rowwise import BoundTwin, twin_of
 from ..errors import ConfigError, PrepError, VmapUnsupported
 from ._base import Executor, Measured
 from ._job import Job
@@ -57,6 +57,14 @@ class VectorizedExecutor(Executor):
                 f"of samples; use map_rows, or another executor"
             )
         twin, what = self.batched(job.fn)
+        names = job.rows.names
+        if isinstance(twin, BoundTwin) and names and (unknown := twin.unknown(names)):
+            raise ConfigError(
+                f"{what} has no parameter for the batch's column(s) "
+                f"{', '.join(map(repr, unknown))}: a dict batch's columns go to it by name, "
+                f"as to the row function; name its parameters so, or map them with "
+                f"@prep.rowwise(batched=..., rename={{{unknown[0]!r}: 'its_parameter'}})"
+            )
         twin = self._with_policy(twin, what, job.policy)
         rows = job.rows
         if job.start:  # the first rows are already in the output: run the rest only
