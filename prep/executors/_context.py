@@ -7,7 +7,7 @@ the caller ran ``os.chdir(...)`` or ``os.environ["SCALE"] = "3"`` would compute
 with the old ones while serial, in the caller, sees the new ones. So the parent
 sends a worker the caller's :class:`Context` before a unit whenever it differs
 from the one that worker last had. Telling whether it changed costs a copy and a
-comparison of the raw environment, a few microseconds: nothing is sent when
+comparison of the raw environment, about a microsecond: nothing is sent when
 nothing changed.
 
 What cannot follow: objects a program changes at run time in a module's globals
@@ -47,10 +47,10 @@ class Context:
 
 
 def _raw() -> Any:
-    # os.environ keeps its bytes in _data: copying that dict is far cheaper than decoding
-    # every variable, so it is what tells whether anything changed
+    # os.environ keeps its bytes in _data: comparing that dict is far cheaper than
+    # decoding every variable, so it is what tells whether anything changed
     data = getattr(os.environ, "_data", None)
-    return dict(data) if isinstance(data, dict) else dict(os.environ)
+    return data if isinstance(data, dict) else os.environ
 
 
 def _cwd() -> str | None:
@@ -71,9 +71,9 @@ class Follower:
     def now(self) -> Context:
         raw, cwd = _raw(), _cwd()
         ctx = self._context
-        if ctx is None or raw != self._raw or cwd != ctx.cwd:
+        if ctx is None or raw != self._raw or cwd != ctx.cwd:  # copied only on a change
             env = {k: v for k, v in os.environ.items() if k not in OWN}
-            self._raw, self._context = raw, Context(cwd, env)
+            self._raw, self._context = dict(raw), Context(cwd, env)
         assert self._context is not None
         return self._context
 
