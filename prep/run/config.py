@@ -212,18 +212,20 @@ class RunConfig:
                 f"NAME=VALUE, and choose the row's tensors with --columns"
             )
 
-    def check_first_shard(self, path: Path) -> None:
+    def check_first_shard(self, path: Path, shard_errors: bool = False) -> None:
         """:meth:`check_call` with the names of the first shard's tensors (read, not
         computed on), so that a call that cannot work fails once, before any shard runs.
         A shard that cannot be read, or lacks a column, is left to its own run to report
-        (a ShardError naming it, under --on-error)."""
+        (a ShardError naming it, under --on-error), unless ``shard_errors`` (--explain,
+        which runs no shard, says it here)."""
         if self.columns is not None:
             return
         try:
             names = list(load_shard(path, trust_pickle=self.trust_pickle))
             self.check_call(names, path)
         except ShardError:
-            return
+            if shard_errors:
+                raise
 
 
 def _unknown_args(fn: Callable[..., Any], given: Mapping[str, Any]) -> str | None:

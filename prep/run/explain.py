@@ -23,7 +23,7 @@ from .config import RunConfig
 from .dask import LOCAL_WORKERS
 from .local import LOCAL_JOBS, check_parallel, plan_run
 from .plan import ShardPlan
-from .shards import find_shards, load_shard
+from .shards import find_shards
 from .task import ShardTask, explain_first_shard
 
 __all__ = ["explain_cluster", "explain_run", "jobs_line", "threads_line"]
@@ -37,9 +37,7 @@ def explain_run(
     (``--executor`` as given, or auto's calibration on the first shard)."""
     check_parallel(config, parallel)
     shards = find_shards(inputs)
-    if config.columns is None:  # a first shard that cannot run says so here, as its run would
-        names = list(load_shard(shards[0].path, trust_pickle=config.trust_pickle))
-        config.check_call(names, shards[0].path)
+    config.check_first_shard(shards[0].path, shard_errors=True)  # as its run would say
     tasks = [ShardTask(s, Path("."), config) for s in shards]
     plan = plan_run(config, tasks, parallel)
     lines = [plan.sentence(), threads_line(plan), jobs_line(plan, jobs, len(shards))]
