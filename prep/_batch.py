@@ -74,7 +74,8 @@ def _returned(
     if given is not None and result is not given:
         result = copy_rows(given, result)
     valid = torch.ones(n, dtype=torch.bool)
-    valid[job.sink.failures.rows()] = False
+    if job.sink.failures:
+        valid[job.sink.failures.rows()] = False
     if policy.on_error == "skip" and job.sink.failures:
         keep = valid.nonzero().flatten()
         result = Output(result.spec, [b.index_select(0, keep.to(b.device)) for b in result.buffers])

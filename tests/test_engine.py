@@ -179,3 +179,33 @@ def test_prep_forkserver_ends_without_finalizing_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.split()) == (0, ["imported"])
+
+
+def test_row_costs_cut_a_batch_into_as_many_parts_as_pay_for_their_messages():
+    from prep.executors import PART_WORK, RowCosts
+
+    costs = RowCosts()
+    assert costs.parts("f", 64, 4) == 4  # never timed: one part per worker
+    costs.keep("f", busy=PART_WORK / 100, rows=10)  # a thousandth of PART_WORK a row
+    assert costs.parts("f", 64, 4) == 1  # 64 rows: 0.064 PART_WORK, one part
+    assert costs.parts("f", 2000, 4) == 2  # 2 PART_WORK: two parts
+    assert costs.parts("f", 100_000, 4) == 4  # never more than the workers
+    costs.keep("f", busy=PART_WORK, rows=1)  # the newest batch counts
+    assert costs.parts("f", 3, 4) == 3
+    assert costs.parts("g", 3, 4) == 4  # another function: its own figure
+
+
+# a worker's pid is not serial's: the check of other interpreters says so, as it must
+@pytest.mark.filterwarnings("ignore:executor=.* computed row 0 of:RuntimeWarning")
+@pytest.mark.parametrize(("per_row", "parts"), [(0.0, 1), (1.0, 2)])
+def test_map_rows_on_processes_sends_light_rows_whole_to_one_worker(no_leaks, per_row, parts):
+    # the measurement is injected before each batch (a batch then records its own)
+    x = torch.arange(32.0).view(16, 2)
+    with prep.Pool("processes", workers=2) as pool:
+        ex = pool._get("processes")
+        key = ex.batches.prepare(pid_row)
+        for _ in range(3):
+            ex.batches.costs.keep(key, busy=per_row * 16, rows=16)
+            out = pool.map_rows(pid_row, x)
+            assert torch.equal(out[:, :2], x)
+            assert len(worker_pids(out)) == parts

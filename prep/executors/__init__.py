@@ -25,7 +25,7 @@ from ._batches import ProcessBatches
 from ._chunks import ChunkMerge
 from ._fdpipe import INLINE
 from ._job import BLOCK, Job
-from ._shapes import Shapes
+from ._shapes import PART_WORK, RowCosts, Shapes
 from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
 from ._ticket import Ticket
 from ._transport import shm_fits, shm_free
@@ -57,6 +57,8 @@ __all__ = [
     "Job",
     "Measured",
     "ProcessBatches",
+    "PART_WORK",
+    "RowCosts",
     "Shapes",
     "ThreadBatches",
     "Ticket",

@@ -49,7 +49,7 @@ from . import _fdpipe, _spawn
 from ._base import threads_per_worker
 from ._lanes import Functions, Lane, Lanes, check_on_cpu
 from ._ring import Ring
-from ._shapes import Shapes
+from ._shapes import RowCosts, Shapes
 from ._ticket import Ticket, value_of
 
 __all__ = ["ProcessBatches"]
@@ -72,6 +72,7 @@ class ProcessBatches:
         self._lock = self._lanes.lock
         self._ring = Ring(keep=4 * workers)
         self.shapes = Shapes()  # each function's last output shape (``_shapes``)
+        self.costs = RowCosts()  # what a row of each function costs a worker
 
     # ------------------------------------------------------------ lifecycle
 
@@ -203,13 +204,10 @@ class ProcessBatches:
                     continue
                 waits = [x for x in (left, None if end is None else end - now) if x is not None]
                 wait = max(0.0, min(waits)) if waits else None
-                w = lane.worker
-                # a reply already there (the common case with batches in flight): no selector
-                polled = w.conn.poll()
-                ready = [w.conn] if polled else connection.wait([w.conn, w.proc.sentinel], wait)
-                if w.conn in ready:
+                came = lane.worker.wait(wait)
+                if came == "reply":
                     self._read_one(lane)
-                elif ready:
+                elif came == "ended":
                     self._lanes.lost(lane)
                 elif end is not None and time.monotonic() >= end:
                     return False

@@ -4,7 +4,9 @@ the shared-memory names a killed one left behind."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import select
 import signal
 from typing import Any
 
@@ -32,6 +34,28 @@ class Worker:
             ) from exc
         finally:
             child.close()
+        # its pipe and its end, watched by one poll object made once: a selector made
+        # for every wait costs more than the reply it waits for
+        self._poller = select.poll()
+        for fd in (self.conn.fileno(), self.proc.sentinel):
+            self._poller.register(fd, select.POLLIN)
+
+    def wait(self, timeout: float | None) -> str | None:
+        """Wait up to ``timeout`` seconds (None: for ever) for a reply ("reply", first
+        when both are there: a worker that answered and then died has its answer
+        read) or the process's end ("ended"); None when neither came."""
+        ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+        ready = {fd for fd, _ in self._poller.poll(ms)}
+        if self.conn.fileno() in ready:
+            return "reply"
+        return "ended" if ready else None
+
+    def alive(self) -> bool:
+        """``proc.is_alive()``, asked only when its end may have come (its sentinel is
+        ready): a live worker costs one poll, not a selector."""
+        if not any(fd == self.proc.sentinel for fd, _ in self._poller.poll(0)):
+            return True
+        return self.proc.is_alive()
 
     def stop(self, grace: float = 1.0) -> None:
         """Terminate (SIGTERM, then SIGKILL) and reap; no orphans, no zombies, and no

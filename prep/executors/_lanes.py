@@ -161,7 +161,7 @@ class Lanes:
         while len(self.all) < self.workers:
             self.all.append(Lane(self.new_worker()))
         for lane in self.all:
-            if not lane.worker.proc.is_alive():  # died while idle (killed, OOM)
+            if not lane.worker.alive():  # died while idle (killed, OOM)
                 self.lost(lane)
         return self.all
 

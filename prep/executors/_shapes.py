@@ -1,8 +1,12 @@
-"""The output shape of each row function and row layout a pool ran last: the next
-batch's output is made before any row runs, for the workers to write their rows in
-place. ``map_rows`` on ``processes`` and a stream's split batches both guess from
-it (one table per pool of workers, so each learns from the other), and both run a
-batch again as the first one ran when a guess proves wrong (a ``StackError``).
+"""What a pool learned of each row function from its last batch.
+
+* :class:`Shapes`: the output shape of each function and row layout: the next
+  batch's output is made before any row runs, for the workers to write their rows
+  in place. ``map_rows`` on ``processes`` and a stream's split batches both guess
+  from it (one table per pool of workers, so each learns from the other), and both
+  run a batch again as the first one ran when a guess proves wrong (a ``StackError``).
+* :class:`RowCosts`: what a row of each function costs a worker, so that a batch is
+  cut into no more parts than pay for their messages (:meth:`RowCosts.parts`).
 """
 
 from __future__ import annotations
@@ -14,10 +18,15 @@ from ..core.output import Output
 from ._fdpipe import INLINE
 from ._transport import check_shm
 
-__all__ = ["SHAPES", "Shapes"]
+__all__ = ["PART_WORK", "SHAPES", "RowCosts", "Shapes"]
 
 #: (function, layout) pairs whose output shape a pool remembers
 SHAPES = 16
+#: seconds of a worker's work a part of a batch must carry to be worth a part of its
+#: own: each part costs the caller about 0.2-0.3 ms (a message out, one back, a merge)
+#: on the 2-core machine ``scripts/bench_engine.py`` ran on, so halving 0.5 ms of work
+#: saves about what the second part costs
+PART_WORK = 5e-4
 
 
 class Shapes:
@@ -51,3 +60,27 @@ class Shapes:
     def forget(self, key: Any) -> None:
         """A guess for ``key`` proved wrong: the next batch shapes its output again."""
         self._last.pop(key, None)
+
+
+class RowCosts:
+    """Seconds a row of each function (by its key) took in a worker, in its last batch."""
+
+    def __init__(self) -> None:
+        self._per_row: dict[str, float] = {}
+
+    def parts(self, key: str, rows: int, workers: int) -> int:
+        """How many parts ``rows`` rows are worth: one per worker until the function has
+        been timed, then no more than carry ``PART_WORK`` each (a batch of light rows
+        goes whole to one worker: two messages, not four)."""
+        per_row = self._per_row.get(key)
+        if per_row is None:
+            return workers
+        return max(1, min(workers, int(rows * per_row / PART_WORK)))
+
+    def keep(self, key: str, busy: float, rows: int) -> None:
+        """A worker took ``busy`` seconds for ``rows`` rows of ``key``'s function."""
+        if rows > 0:
+            self._per_row.pop(key, None)
+            self._per_row[key] = busy / rows  # the newest last
+            while len(self._per_row) > SHAPES:
+                del self._per_row[next(iter(self._per_row))]

@@ -66,7 +66,7 @@ __all__ = ["LOAD_TIMEOUT", "ProcessExecutor", "pickle_fn", "shm_fits", "shm_free
 LOAD_TIMEOUT = 120.0
 #: bytes a second a batch's rows and results cross shared memory at, as auto counts it
 SHM_BYTES_PER_SECOND = 4e9
-#: parts per worker of a batch with a progress bar (else one: the fewest messages)
+#: parts per worker of a batch with a progress bar (else at most one: the fewest messages)
 PROGRESS_PARTS = 4
 
 
@@ -220,8 +220,12 @@ class ProcessExecutor(Executor):
         """Rows ``job.start:`` in a part per worker (more with a progress bar), each
         written into ``into`` or merged into ``job.sink`` as it comes back; under
         fill/skip the rows of a part whose worker died run again (:mod:`._isolation`)."""
-        per = PROGRESS_PARTS if job.sink.progress is not None else 1
-        bounds = split(job.start, len(job.rows), self.workers * per)
+        n, costs = len(job.rows), self.batches.costs
+        if job.sink.progress is not None:
+            parts = self.workers * PROGRESS_PARTS
+        else:  # light rows: fewer parts, as many as pay for their messages (``RowCosts``)
+            parts = costs.parts(key, n - job.start, self.workers)
+        bounds = split(job.start, n, parts)
         isolation = Isolation(job)
 
         def crashed(ticket: Ticket, exc: WorkerCrashed) -> list[Ticket] | None:
@@ -232,7 +236,12 @@ class ProcessExecutor(Executor):
                 job, key, isolation.lost(held, who, how_it_ended(exc.exitcode)), into
             )
 
-        gather(job, self._submit(job, key, bounds, into), into, self.batches.abandon, crashed)
+        tickets = self._submit(job, key, bounds, into)
+        gather(job, list(tickets), into, self.batches.abandon, crashed)
+        timed = [(t.busy, t.bounds()) for t in tickets if t.busy is not None]
+        if timed:  # the slowest part's worker: what a row costs, waits included
+            busy, (start, stop) = max(timed, key=lambda x: x[0] / max(1, x[1][1] - x[1][0]))
+            costs.keep(key, busy, stop - start)
 
     def _submit(
         self, job: Job, key: str, bounds: list[tuple[int, int]], into: Output | None
