@@ -204,7 +204,7 @@ class Pool:
 
         return self._streams.open(
             name, batches, prefetch, strategy, split, finish, bound, options,
-            samples=samples, isolate=lambda: self._get("processes"),
+            samples=samples, isolate=self._get,
         )  # fmt: skip
 
     def explain(self) -> Explanation:

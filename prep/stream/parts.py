@@ -24,7 +24,7 @@ that, and where rows may differ in size or fail on their own (``pad=``,
 batch is: so it returns what serial returns, bit for bit. A part that fails
 fails the batch with the lowest row's error, as serial would raise it; a worker
 process that dies under ``on_error='fill'``/``'skip'`` has the batch run again
-through the pool's ``processes``, which isolates the row that killed it.
+through the pool's executor of those workers, which isolates the row that killed it.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = ["DeliveredParts", "DeliveredProcessParts", "split_taken"]
 class DeliveredParts(Executor):
     """The executor ``_batch.run`` sees for a stream's split batches: the output is
     merged from the parts :meth:`take` is given. One per stream, as
-    ``_whole._Delivered`` is; ``isolate`` is the pool's ``processes``."""
+    ``_whole._Delivered`` is; ``isolate()`` is the pool's executor of its workers."""
 
     name = "split threads"
 

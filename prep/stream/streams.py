@@ -93,7 +93,7 @@ class Streams:
         options: Options,
         *,
         samples: bool,
-        isolate: Callable[[], Executor],
+        isolate: Callable[[str], Executor],
     ) -> Stream:
         """A stream of ``call(batch)`` (the pool's map_rows/map_samples with ``options``)
         for split batches; whole ones through the workers, finished by ``finish``

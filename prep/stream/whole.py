@@ -34,7 +34,8 @@ class _Delivered(Executor):
     ticket :meth:`take` is given. One per stream, so that the checks ``_batch.run``
     makes once per executor and function (serial is the reference) run once. A batch
     whose worker died under ``on_error='fill'``/``'skip'`` runs again through
-    ``isolate`` (the pool's processes, which run such rows one by one)."""
+    ``isolate()``: the pool's executor of those workers, which runs such rows one by
+    one so that the row that killed a worker fails alone."""
 
     name = "whole threads"
 
@@ -83,12 +84,12 @@ class _Sender:
     """One flavour's whole-batch workers for a stream: the key its function travels by,
     and the executor that delivers their batches."""
 
-    def __init__(self, workers: Any, fn: Any, isolate: Callable[[], Executor]) -> None:
+    def __init__(self, workers: Any, fn: Any, isolate: Callable[[str], Executor]) -> None:
         self.workers = workers
         self.key = workers.prepare(fn)
         other = executor_class(workers.name).needs_processes  # another interpreter's rows
         kind = _DeliveredProcesses if other else _Delivered
-        self.delivered = kind(isolate)
+        self.delivered = kind(functools.partial(isolate, workers.name))
 
 
 class Submitter:
@@ -99,7 +100,8 @@ class Submitter:
     options; ``finish(executor, rows)`` is ``_batch.run`` through that executor
     with the same options (whose ``policy`` is given); ``workers(flavour)`` gives the
     pool's workers of that flavour (None when the plan never asks for them),
-    ``isolate`` its ``processes`` executor."""
+    ``isolate(name)`` the pool's executor of that name (a crashed batch runs again
+    through the executor of the workers it crashed on)."""
 
     def __init__(
         self,
@@ -110,7 +112,7 @@ class Submitter:
         fn: Any,
         policy: Policy,
         workers: Callable[[str], Any] | None,
-        isolate: Callable[[], Executor],
+        isolate: Callable[[str], Executor],
         timeout: float | None,
         parts: str | None = None,
     ) -> None:
@@ -158,7 +160,8 @@ class Submitter:
             resubmit = functools.partial(self._submit_parts, guess=False)
             other = executor_class(self.parts).needs_processes
             kind = DeliveredProcessParts if other else DeliveredParts
-            self.delivered_parts = kind(self.isolate, resubmit, sender.workers.shapes, sender.key)
+            isolate = functools.partial(self.isolate, self.parts)
+            self.delivered_parts = kind(isolate, resubmit, sender.workers.shapes, sender.key)
         delivered = self.delivered_parts
         workers = sender.workers
         into = delivered.output_for(rows, self.policy) if guess else None
