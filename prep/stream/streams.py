@@ -52,9 +52,7 @@ class Streams:
         engine: Whole = self._executors(flavour).engine
         return engine
 
-    def plan(
-        self, strategy: str, key: Any, flavours: tuple[str, ...] = ("processes",)
-    ) -> StrategyPlan:
+    def plan(self, strategy: str, key: Any, flavours: tuple[str, ...]) -> StrategyPlan:
         """The stream's plan: for ``auto``, the one of earlier streams of the same
         function and options (its trial is paid once per pool)."""
         with self._lock:
