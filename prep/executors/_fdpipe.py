@@ -15,11 +15,13 @@ shared-memory segment costs more than copying a few kilobytes.
 
 from __future__ import annotations
 
+import copyreg
 import ctypes
 import io
 import os
 import pickle
 import socket
+import threading
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recvfds, sendfds
 from typing import Any
@@ -36,18 +38,23 @@ INLINE = 64 * 1024
 
 
 class _Pickler(pickle.Pickler):
+    """A pickler that sends plain CPU tensors its own way (:meth:`_tensor`), looked up
+    by their exact type: every other object pickles as it always does, without a
+    call into Python for each (a ``persistent_id`` would be called for every one)."""
+
     def __init__(self, buffer: io.BytesIO) -> None:
         super().__init__(buffer, protocol=pickle.HIGHEST_PROTOCOL)
         self.fds: list[int] = []
         self._by_storage: dict[int, int] = {}  # storage address -> index in fds
         self.keep: list[Any] = []  # storages whose fds are in flight
+        self.dispatch_table = {**copyreg.dispatch_table, Tensor: self._tensor}
 
-    def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is not Tensor or obj.device.type != "cpu" or obj.requires_grad:
-            return None
+    def _tensor(self, obj: Tensor) -> Any:
+        if obj.device.type != "cpu" or obj.requires_grad:
+            return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # torch's own way
         if obj.nbytes <= INLINE:
             t = obj.contiguous()
-            return ("raw", ctypes.string_at(t.data_ptr(), t.nbytes), t.dtype, tuple(t.shape))
+            return _raw, (ctypes.string_at(t.data_ptr(), t.nbytes), t.dtype, tuple(t.shape))
         storage = obj.untyped_storage()
         fd_size = _fd_of(storage) if storage.is_shared() else None
         if fd_size is None:  # a copy in shared memory; the caller's stays as it is
@@ -63,7 +70,8 @@ class _Pickler(pickle.Pickler):
             self.fds.append(fd)
             self.keep.append((storage, size))
         size = self.keep[index][1]
-        return ("fd", index, size, obj.dtype, tuple(obj.shape), obj.stride(), obj.storage_offset())
+        args = (index, size, obj.dtype, tuple(obj.shape), obj.stride(), obj.storage_offset())
+        return _shared, args
 
 
 def _fd_of(storage: Any) -> tuple[int, int] | None:
@@ -76,26 +84,34 @@ def _fd_of(storage: Any) -> tuple[int, int] | None:
     return int(fd), int(size)
 
 
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, fds: list[int]) -> None:
-        super().__init__(io.BytesIO(data))
-        self.fds = fds
-        self._storages: dict[int, Any] = {}
+#: the descriptors of the message this thread is loading, and the storages made of them
+_loading = threading.local()
 
-    def persistent_load(self, pid: Any) -> Tensor:
-        if pid[0] == "raw":
-            _, data, dtype, shape = pid
-            if not data:
-                return torch.empty(shape, dtype=dtype)
-            return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
-        _, index, size, dtype, shape, stride, offset = pid
-        storage = self._storages.get(index)
-        if storage is None:
-            # torch's own rebuild of an fd-shared storage (not in its stubs)
-            storage = self._storages[index] = torch.UntypedStorage._new_shared_fd_cpu(  # type: ignore[attr-defined]
-                self.fds[index], size
-            )
-        return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+
+def _raw(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+    """A small tensor that travelled inside the message."""
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _shared(
+    index: int,
+    size: int,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    offset: int,
+) -> Tensor:
+    """A tensor on the shared storage of the message's ``index``-th descriptor."""
+    storages: dict[int, Any] = _loading.storages
+    storage = storages.get(index)
+    if storage is None:
+        # torch's own rebuild of an fd-shared storage (not in its stubs)
+        storage = storages[index] = torch.UntypedStorage._new_shared_fd_cpu(  # type: ignore[attr-defined]
+            _loading.fds[index], size
+        )
+    return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
 
 
 def send(conn: Connection, obj: Any) -> None:
@@ -122,8 +138,10 @@ def recv(conn: Connection) -> Any:
     if count:
         with socket.socket(fileno=os.dup(conn.fileno())) as s:
             fds = recvfds(s, count)
+    _loading.fds, _loading.storages = fds, {}
     try:
-        return _Unpickler(data[4:], fds).load()
+        return pickle.loads(memoryview(data)[4:])
     finally:
+        _loading.fds, _loading.storages = [], {}
         for fd in fds:  # each storage holds its own mapping now
             os.close(fd)
