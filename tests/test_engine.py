@@ -209,3 +209,24 @@ def test_map_rows_on_processes_sends_light_rows_whole_to_one_worker(no_leaks, pe
             out = pool.map_rows(pid_row, x)
             assert torch.equal(out[:, :2], x)
             assert len(worker_pids(out)) == parts
+
+
+def test_a_function_that_travels_by_name_is_pickled_once_and_a_closure_each_batch(
+    monkeypatch,
+):
+    from prep.executors import _lanes
+
+    pickled: list[object] = []
+    real = _lanes.pickle_fn
+    monkeypatch.setattr(_lanes, "pickle_fn", lambda fn: pickled.append(fn) or real(fn))
+    scale = torch.tensor(2.0)
+
+    def closure(row: torch.Tensor) -> torch.Tensor:
+        return row * scale
+
+    fns = _lanes.Functions()
+    keys = {fns.add(f) for f in [torch.neg, pid_row, torch.neg, pid_row]}
+    assert pickled == [torch.neg, pid_row] and len(keys) == 2
+    first = fns.add(closure)
+    scale.fill_(3.0)  # what it captures changed: the workers must see the new value
+    assert fns.add(closure) != first and pickled[2:] == [closure, closure]

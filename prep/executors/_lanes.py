@@ -13,9 +13,12 @@ import hashlib
 import itertools
 import threading
 import time
+import types
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+import cloudpickle
 
 from ..core.rows import Rows
 from ..errors import ConfigError, WorkerCrashed
@@ -107,17 +110,45 @@ class Lane:
 FUNCTIONS = 64
 
 
+def travels_by_name(fn: Any) -> bool:
+    """Whether cloudpickle sends ``fn`` as its module and name alone: a builtin, or a
+    function the workers import (not one of ``__main__``, a lambda or a closure)."""
+    if isinstance(fn, types.BuiltinFunctionType):
+        return True
+    if not isinstance(fn, types.FunctionType):
+        return False  # a partial, a callable object: their state may change
+    check = getattr(cloudpickle.cloudpickle, "_should_pickle_by_reference", None)
+    try:
+        return bool(check(fn)) if check is not None else False
+    except Exception:  # not sure: pickled each time, as any other
+        return False
+
+
 class Functions:
     """The row functions the workers are sent, pickled once each, by key."""
 
     def __init__(self) -> None:
         self._by_key: dict[str, tuple[Any, bytes]] = {}
+        #: the key of each function that travels by name, by its id (it is held here)
+        self._named: dict[int, tuple[Any, str]] = {}
 
     def add(self, fn: Any) -> str:
         """The key under which ``fn`` travels (pickled here, once: a stream's batches
-        all use the function as it was when the stream began)."""
+        all use the function as it was when the stream began). A function that travels
+        by name (a builtin, a module's function) is pickled once: its bytes cannot
+        change. Any other (a closure, a function of ``__main__``) is pickled each time,
+        so that the workers see its globals and captures as the caller has them now."""
+        named = self._named.get(id(fn))
+        if named is not None and named[0] is fn and named[1] in self._by_key:
+            key = named[1]
+            self._by_key[key] = self._by_key.pop(key)  # the newest last
+            return key
         blob = pickle_fn(fn)
         key = hashlib.sha1(blob).hexdigest()
+        if travels_by_name(fn):
+            self._named[id(fn)] = (fn, key)
+            while len(self._named) > FUNCTIONS:
+                del self._named[next(iter(self._named))]
         self._by_key[key] = (fn, blob)
         self._by_key[key] = self._by_key.pop(key)  # the newest last
         while len(self._by_key) > FUNCTIONS:
