@@ -1,16 +1,22 @@
-"""``executor="processes"``: one batch cut into a part per worker, on the same worker
-processes that run a stream's batches and ``prep run``'s shards (``_batches``).
+"""``executor="processes"``: one batch cut into a part per worker (fewer for light rows),
+on the same worker processes that run a stream's batches and ``prep run``'s shards
+(``_batches``).
 
     parent                                              worker k (prep's forkserver)
     ──────                                              ────────────────────────────
     fn, cloudpickled (once per function) ── "fn" ─────▶ loads it, keeps a few
     the batch's tensors ─ shared memory (the ring) ─┐
     rows a:b of the batch, a part per worker ───────┴─▶ fn(row i) for i in a:b
+       (as many parts as carry 0.5 ms each)
     Ticket.result() for each part  ◀── "done" (written into the shared output) or a
                                        chunk of its own (ragged rows, fill/skip), merged
 
 ``map_rows`` is a stream of one batch: it submits the batch's parts and waits for
-their tickets, on the workers a stream keeps several batches in flight on. Once a
+their tickets, on the workers a stream keeps several batches in flight on. Each
+part costs the caller a message out, one back and a merge (0.2-0.3 ms here), so
+once a function's rows have been timed in a worker, a batch is cut into no more
+parts than carry ``PART_WORK`` (0.5 ms) of work each: light rows go whole to one
+worker (``_shapes.RowCosts``). Once a
 function and row layout has shown its output's shape, the next batch's output is
 made here in shared memory and each worker writes its rows in place; before that,
 and where rows may differ in size or fail on their own (``pad=``, ``on_error=``),
@@ -217,9 +223,10 @@ class ProcessExecutor(Executor):
         return job.sink.output
 
     def _parts(self, job: Job, key: str, into: Output | None) -> None:
-        """Rows ``job.start:`` in a part per worker (more with a progress bar), each
-        written into ``into`` or merged into ``job.sink`` as it comes back; under
-        fill/skip the rows of a part whose worker died run again (:mod:`._isolation`)."""
+        """Rows ``job.start:`` in a part per worker (fewer for light rows, more with a
+        progress bar), each written into ``into`` or merged into ``job.sink`` as it
+        comes back; under fill/skip the rows of a part whose worker died run again
+        (:mod:`._isolation`)."""
         n, costs = len(job.rows), self.batches.costs
         if job.sink.progress is not None:
             parts = self.workers * PROGRESS_PARTS
