@@ -12,6 +12,8 @@ from __future__ import annotations
 from ._base import (
     Executor,
     Measured,
+    RowCursor,
+    Sampling,
     available_cores,
     copy_rows,
     first_error,
@@ -57,6 +59,8 @@ __all__ = [
     "Job",
     "Measured",
     "ProcessBatches",
+    "RowCursor",
+    "Sampling",
     "Shapes",
     "ThreadBatches",
     "Ticket",
