@@ -864,3 +864,21 @@ def test_an_executor_that_costs_a_start_waits_for_rent_or_buy_whatever_its_name(
     assert d.plan_start("rented", 0.02, 100)  # 20 ms to start, 54 ms saved on this batch
     d.started("rented", 0.02)
     assert d.cal.choice == "rented" and "rented started in 20 ms" in str(d.cal)
+
+
+def test_auto_compares_no_executor_name_but_serials():
+    """No branch of auto asks ``if name == "processes"``: what an executor is, its
+    class says (serial, the reference every figure is relative to, may be named)."""
+    import ast
+    from pathlib import Path
+
+    names = set(prep.EXECUTORS) - {"serial"}
+    compared = [
+        f"{path.name}: {ast.unparse(node)}"
+        for path in sorted(Path(prep.auto.__file__).parent.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        for side in [node.left, *node.comparators]
+        if isinstance(side, ast.Constant) and side.value in names
+    ]
+    assert not compared, compared
