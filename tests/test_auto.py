@@ -172,10 +172,10 @@ def test_a_twin_that_does_not_win_outright_has_the_pools_measured_next_batch():
     with prep.Pool("auto", workers=2) as pool:
         assert torch.equal(pool.map_rows(doubled, x), x * 2)
         (first,) = pool._get("auto").choices().values()
-        assert not first.settled and first.thread_speedup is None, str(first)
+        assert not first.settled and "threads" not in first.speedup, str(first)
         assert torch.equal(pool.map_rows(doubled, x), x * 2)
         (second,) = pool._get("auto").choices().values()
-    assert second.settled and second.thread_speedup is not None, str(second)
+    assert second.settled and "threads" in second.speedup, str(second)
     assert second.choice == "threads", str(second)  # sleeping rows overlap on two threads
 
 
@@ -193,11 +193,11 @@ def test_processes_start_after_a_few_batches_in_a_pool(monkeypatch):
     with prep.Pool("auto", workers=2) as pool:
         assert torch.equal(pool.map_rows(gil_5ms, x), x)
         (cal,) = pool._get("auto").choices().values()
-        assert cal.choice != "processes" and not cal.processes_ready, str(cal)
-        assert cal.process_start == 0.3, str(cal)
+        assert cal.choice != "processes" and "processes" not in cal.started, str(cal)
+        assert cal.start["processes"] == 0.3, str(cal)
         for _ in range(4):
             assert torch.equal(pool.map_rows(gil_5ms, x), x)
-    assert cal.processes_ready and cal.choice == "processes", str(cal)
+    assert "processes" in cal.started and cal.choice == "processes", str(cal)
     assert "processes started in" in str(cal) and "paid for it" in str(cal), str(cal)
 
 
@@ -235,12 +235,12 @@ def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_no
         assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
         (first,) = pool._get("auto").choices().values()
         # vmap (checked bit for bit against serial) made the whole output in one call
-        assert first.vmap_row is not None and first.sample == 32, str(first)
-        assert not first.settled and first.thread_speedup is None, str(first)
+        assert "vmap" in first.batched_rows and first.sample == 32, str(first)
+        assert not first.settled and "threads" not in first.speedup, str(first)
         assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
         (second,) = pool._get("auto").choices().values()
-    assert second.settled and second.thread_speedup is not None, str(second)
-    assert second.vmap_row is not None, str(second)  # and vmap ran that batch's rest
+    assert second.settled and "threads" in second.speedup, str(second)
+    assert "vmap" in second.batched_rows, str(second)  # and vmap ran that batch's rest
 
 
 def test_rows_that_are_nan_under_serial_agree_with_vmap_at_every_check(monkeypatch):
@@ -257,7 +257,7 @@ def test_rows_that_are_nan_under_serial_agree_with_vmap_at_every_check(monkeypat
             got = pool.map_rows(big_sin, x)
             assert torch.allclose(got, want, rtol=0, atol=0, equal_nan=True)
             (cal,) = pool._get("auto").choices().values()
-            assert cal.vmap_row is not None and "vmap" not in cal.dropped, str(cal)
+            assert "vmap" in cal.batched_rows and "vmap" not in cal.dropped, str(cal)
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="processes are left out on one core")
@@ -275,7 +275,7 @@ def test_with_the_forkserver_up_a_pool_starts_during_the_first_batch(monkeypatch
     with prep.Pool("auto", workers=2) as pool:
         assert torch.equal(pool.map_rows(gil_5ms, x), x)
         (cal,) = pool._get("auto").choices().values()
-        assert cal.processes_ready and cal.choice == "processes", str(cal)
+        assert "processes" in cal.started and cal.choice == "processes", str(cal)
         assert len(pool._get("auto").executor("processes").pids) == 2
         assert torch.equal(pool.map_rows(gil_5ms, x), x)
     assert "processes" in cal.observed, str(cal)  # the second batch ran on them, timed
@@ -458,48 +458,50 @@ def test_a_trial_that_never_shows_a_figure_is_not_run_forever():
 def test_processes_are_not_a_candidate_until_started_and_loaded():
     d = _cal(serial=0.100, processes=0.040)
     assert d.cal.choice == "serial" and d.next_trial() is None
-    d.started_processes(0.02)
+    d.started("processes", 0.02)
     assert d.cal.choice == "processes"
 
 
 def test_processes_start_once_their_savings_would_have_paid_for_it():
     d = _cal(serial=0.115, processes=0.050)  # warm, 0.0575 s with POOL_MARGIN
     saving = 0.115 - 0.050 * prep.auto.POOL_MARGIN
-    assert d.cal.processes_would_save(100) == pytest.approx(saving)
-    starts = [d.plan_start(0.2, 100) for _ in range(4)]  # 0.2 s to start them
+    assert d.cal.would_save("processes", 100) == pytest.approx(saving)
+    starts = [d.plan_start("processes", 0.2, 100) for _ in range(4)]  # 0.2 s to start them
     assert starts == [False, False, False, True]  # 3 x 57.5 ms < 0.2 s <= 4 x 57.5 ms
-    d.started_processes(0.2)
+    d.started("processes", 0.2)
     assert d.cal.choice == "processes" and "processes started in 200 ms" in str(d.cal)
 
 
 def test_a_start_that_pays_within_the_batch_happens_at_once():
     d = _cal(serial=1.0, processes=0.5)
-    assert d.plan_start(0.02, 100)  # 20 ms to start, 0.42 s saved on this batch
+    assert d.plan_start("processes", 0.02, 100)  # 20 ms to start, 0.42 s saved on this batch
 
 
 def test_the_forkserver_starts_at_once_while_serial_leaves_the_other_cores_idle():
     d = _cal(serial=0.100, threads=0.105, processes=0.050)
-    d.cal.thread_speedup = 0.95  # GIL-bound: threads run no faster than serial
-    assert d.plan_server(1.5, 100)  # serial runs on one core: the server costs nothing
+    d.cal.speedup["threads"] = 0.95  # GIL-bound: threads run no faster than serial
+    assert d.plan_warm_up(
+        "processes", 1.5, 100
+    )  # serial runs on one core: the server costs nothing
     d = _cal(serial=0.100, threads=0.105, processes=0.050)
-    d.cal.thread_speedup = 1.5  # threads use both cores: the choice may move to them
-    assert not d.plan_server(1.5, 100)
+    d.cal.speedup["threads"] = 1.5  # threads use both cores: the choice may move to them
+    assert not d.plan_warm_up("processes", 1.5, 100)
 
 
 def test_the_forkserver_is_rented_while_another_executor_keeps_every_core_busy():
     d = _cal(serial=0.200, threads=0.100, processes=0.050)
     assert d.cal.choice == "threads"
-    saving = d.cal.processes_would_save(100)  # 100 - 57.5 ms a batch
-    starts = [d.plan_server(1.5, 100) for _ in range(40)]
+    saving = d.cal.would_save("processes", 100)  # 100 - 57.5 ms a batch
+    starts = [d.plan_warm_up("processes", 1.5, 100) for _ in range(40)]
     assert starts.index(True) == math.ceil(1.5 / saving) - 1
     d = _cal(serial=0.100, processes=0.050)
     d.cal.serial_cores = 2.0  # torch's own threads keep both cores busy under serial
-    assert not d.plan_server(1.5, 100)
+    assert not d.plan_warm_up("processes", 1.5, 100)
 
 
 def test_the_first_batch_of_a_new_pool_is_not_counted():
     d = _cal(serial=0.100, processes=0.040)
-    d.started_processes(0.02)
+    d.started("processes", 0.02)
     d.observe("processes", 0.900, 100)  # its workers were building a tokenizer
     assert "processes" not in d.cal.observed and d.cal.choice == "processes"
     d.observe("processes", 0.045, 100)
@@ -508,7 +510,7 @@ def test_the_first_batch_of_a_new_pool_is_not_counted():
 
 def test_processes_that_would_not_save_anything_never_start():
     d = _cal(serial=0.100, processes=0.095)
-    assert not any(d.plan_start(0.001, 100) for _ in range(100))
+    assert not any(d.plan_start("processes", 0.001, 100) for _ in range(100))
 
 
 @given(
@@ -525,7 +527,7 @@ def test_rent_or_buy_never_costs_more_than_about_twice_the_best_in_hindsight(
     d = _cal(serial=best_other, processes=warm)
     cost, ready = 0.0, False
     for _ in range(batches):
-        if not ready and d.plan_start(start, 100):
+        if not ready and d.plan_start("processes", start, 100):
             cost, ready = cost + start, True
         cost += warm if ready else best_other
     hindsight = min(batches * best_other, start + batches * warm)
@@ -535,7 +537,7 @@ def test_rent_or_buy_never_costs_more_than_about_twice_the_best_in_hindsight(
 
 def test_a_dropped_executor_leaves_the_candidates_with_its_reason():
     d = _cal(serial=0.100, processes=0.040)
-    d.started_processes(0.02)
+    d.started("processes", 0.02)
     d.drop("processes", "it failed here: no room")
     assert d.cal.choice == "serial" and "processes" not in d.cal.candidates()
     assert "not considered: processes (it failed here: no room)" in str(d.cal)
@@ -620,7 +622,7 @@ def test_auto_starts_and_runs_any_executor_through_the_contract(monkeypatch):
     # 64 ms of rows, halved by two workers, pays 1 ms of start-up at once: the rest of
     # the first batch ran on it, once it had loaded the function
     assert pool.prepared == [ms_row] and pool.runs == 1, str(cal)
-    assert cal.processes_ready and cal.choice == "processes", str(cal)
+    assert "processes" in cal.started and cal.choice == "processes", str(cal)
     assert torch.equal(out.result(), x * 2)
 
 
@@ -632,7 +634,7 @@ def _say_processes_win(pool: prep.Pool, fn, x: torch.Tensor) -> prep.auto.Calibr
     pool.map_rows(fn, x)
     (cal,) = pool._get("auto").choices().values()
     cal.predicted["processes"] = cal.figure(cal.choice) / 10
-    cal.processes_ready = True
+    cal.started.add("processes")
     cal.observed.pop("processes", None)
     cal.choice = prep.auto.Decisions(cal).best()
     assert cal.choice == "processes", str(cal)
@@ -654,7 +656,8 @@ def test_an_executor_that_cannot_run_here_makes_auto_fall_back_with_one_warning(
             assert torch.equal(pool.map_rows(waits_2ms, x), x * 2)
         assert cal.choice != "processes" and "processes" not in cal.predicted, str(cal)
         assert "it failed here: executor='processes' needs 9 MiB" in str(cal)
-        cal.predicted["processes"], cal.processes_ready = 1e-6, True  # once more: no warning
+        cal.predicted["processes"] = 1e-6
+        cal.started.add("processes")  # once more: no warning
         cal.choice = "processes"
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -686,11 +689,11 @@ def test_a_function_workers_cannot_load_drops_processes_before_they_are_used(tmp
         with prep.Pool("auto", workers=2) as pool:
             pool.map_rows(fn, x)
             (cal,) = pool._get("auto").choices().values()
-            cal.processes_ready = False
+            cal.started.discard("processes")
             cal.predicted["processes"] = cal.figure(cal.choice) / 10  # they would win
-            cal.process_start = 0.0
+            cal.start["processes"] = 0.0
             assert torch.equal(pool.map_rows(fn, x), x + 1)  # no error: not the user's fault
-        assert "processes" not in cal.predicted and not cal.processes_ready, str(cal)
+        assert "processes" not in cal.predicted and "processes" not in cal.started, str(cal)
         assert "could not load the function" in cal.dropped["processes"], str(cal)
         assert "No module named 'gone_later'" in cal.dropped["processes"], str(cal)
     finally:
@@ -797,3 +800,85 @@ def test_auto_weighs_every_executor_that_estimates_a_batch(monkeypatch):
     assert chosen[0] == "tenth" and Tenth.ran >= len(x)  # the rest of the first, the second
     # an executor that estimates nothing is not weighed (joblib: docs/auto.md says why)
     assert "joblib" not in cal.predicted
+
+
+def test_auto_has_each_executor_measure_itself_and_names_none(monkeypatch):
+    """auto holds no measuring step of any executor: each one of the registry measures
+    itself on the sample (``Executor.measure``, its rows written into the output like
+    every row auto runs), keeps its figure under its name, and estimates a batch from
+    it; its class says what role it plays (a pool must win by ``POOL_MARGIN``). A new
+    pool is measured, weighed, explained and chosen with no change to auto."""
+    from prep.auto import POOL_MARGIN, AutoExecutor
+    from prep.executors import REGISTRY, Job, SerialExecutor
+
+    class Quarter(SerialExecutor):  # a pool in all but its workers
+        name = "quarter"
+        pooled = True
+        measured: list[int] = []
+
+        @classmethod
+        def measure(cls, sample):
+            main = sample.main
+            start, stop = main.done, min(sample.n, main.done + 4)
+            main.run(sample.executor(cls.name), stop)
+            cls.measured.append(stop - start)
+            sample.cal.speedup[cls.name] = 4.0
+
+        @classmethod
+        def estimate(cls, measured, rows, cores):
+            speedup = measured.speedup.get(cls.name)
+            return None if speedup is None else rows * measured.serial_row / speedup
+
+    calls = [0]
+
+    def slow(row):  # 0.1 ms a row: a batch is past the 2 ms below which no pool is measured
+        first = row[0].item()  # no vmap (its try fails here, before a call is counted)
+        calls[0] += 1
+        time.sleep(1e-4)
+        return row * 2 + 1 + 0 * first
+
+    monkeypatch.setitem(REGISTRY, "quarter", Quarter)
+    x = torch.arange(128.0).view(64, 2)
+    with AutoExecutor(workers=1) as auto:
+        out = auto.run(Job.new(slow, prep.core.rows.rows_of(x)))
+        assert out is not None and torch.equal(out.buffers[0], x * 2 + 1)
+        (cal,) = auto.choices().values()
+        assert calls[0] == len(x) and Quarter.measured == [4], str(cal)  # once a row
+        assert cal.predicted["quarter"] == pytest.approx(cal.predicted["serial"] / 4)
+        assert cal.cost("quarter") == pytest.approx(cal.predicted["quarter"] * POOL_MARGIN)
+        assert cal.choice == "quarter" and "quarter run 4.00x serial" in str(cal), str(cal)
+        auto.run(Job.new(slow, prep.core.rows.rows_of(x)))  # settled: not measured again
+    assert Quarter.measured == [4] and "quarter" in cal.observed, str(cal)
+
+
+def test_an_executor_that_costs_a_start_waits_for_rent_or_buy_whatever_its_name(monkeypatch):
+    from prep.executors import REGISTRY, Executor
+
+    class Rented(Executor):
+        name = "rented"
+        pooled = rent_or_buy = True
+
+    monkeypatch.setitem(REGISTRY, "rented", Rented)
+    d = _cal(serial=0.100, rented=0.040)
+    assert d.cal.choice == "serial" and d.cal.to_start() == ["rented"]
+    assert d.plan_start("rented", 0.02, 100)  # 20 ms to start, 54 ms saved on this batch
+    d.started("rented", 0.02)
+    assert d.cal.choice == "rented" and "rented started in 20 ms" in str(d.cal)
+
+
+def test_auto_compares_no_executor_name_but_serials():
+    """No branch of auto asks ``if name == "processes"``: what an executor is, its
+    class says (serial, the reference every figure is relative to, may be named)."""
+    import ast
+    from pathlib import Path
+
+    names = set(prep.EXECUTORS) - {"serial"}
+    compared = [
+        f"{path.name}: {ast.unparse(node)}"
+        for path in sorted(Path(prep.auto.__file__).parent.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        for side in [node.left, *node.comparators]
+        if isinstance(side, ast.Constant) and side.value in names
+    ]
+    assert not compared, compared

@@ -147,6 +147,6 @@ def test_auto_counts_setup_once_a_worker_in_a_pools_start(monkeypatch):
         for _ in range(3):
             pool.map_rows(fn, torch.arange(64.0).view(64, 1))
         (cal,) = pool.choices()
-    assert cal.setup_seconds == 2.0 and cal.process_start == pytest.approx(0.3 + 2 * 2.0)
-    assert not cal.processes_ready  # three batches of ~0.16 s saved cannot pay 4.3 s
+    assert cal.setup_seconds == 2.0 and cal.start["processes"] == pytest.approx(0.3 + 2 * 2.0)
+    assert "processes" not in cal.started  # three batches of ~0.16 s saved cannot pay 4.3 s
     assert "setup= takes 2,000.0 ms here" in str(cal)

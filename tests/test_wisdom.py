@@ -180,6 +180,21 @@ def test_a_remembered_choice_moves_when_the_figures_do():
     assert d.cal.choice == "serial"
 
 
+def test_each_executors_own_figures_are_remembered_by_its_name_and_old_entries_read():
+    from prep.auto import Calibration, Decisions
+
+    cal = Calibration(rows=100, workers=2, predicted={"serial": 0.05, "threads": 0.03})
+    cal.choice, cal.serial_row = "threads", 5e-4
+    cal.start["processes"], cal.speedup["threads"] = 0.3, 1.7
+    again = Decisions.from_wisdom(json.loads(json.dumps(cal.to_wisdom())), 2, "").cal
+    assert (again.start, again.speedup, again.serial_row) == (cal.start, cal.speedup, 5e-4)
+    # an entry an older prep wrote kept them under keys of their own
+    old = {"choice": "serial", "rows": 100, "figures": {"serial": 0.05}, "serial_row": 5e-4,
+           "process_start": 0.3, "thread_speedup": 1.7}  # fmt: skip
+    again = Decisions.from_wisdom(old, 2, "").cal
+    assert again.start == {"processes": 0.3} and again.speedup == {"threads": 1.7}
+
+
 @pytest.mark.parametrize(
     "text",
     ["{not json", json.dumps({"format": 1, "entries": {"K": {"choice": "nope", "rows": 4,

@@ -11,9 +11,10 @@ numbers a test chooses:
 * :meth:`Decisions.next_trial`: an executor predicted within ``TRIAL`` of the
   choice and never run is run once, on a whole batch, and judged by its time
   (the calibration's short slices can be wrong, a batch is not);
-* :meth:`Decisions.plan_start`: rent or buy a process pool, with its start-up
-  measured on this machine: start it once the batches so far would have saved
-  what starting it costs (never more than about twice the best in hindsight);
+* :meth:`Decisions.plan_start`: rent or buy an executor that costs a start (a
+  process pool: ``Executor.rent_or_buy``), with its start-up measured on this
+  machine: start it once the batches so far would have saved what starting it
+  costs (never more than about twice the best in hindsight);
 * :meth:`Decisions.drop`: an executor that cannot run here is taken out, with
   the reason (``explain`` prints it).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from . import wisdom
 from ._figures import KEEP
 from .calibration import Calibration
 
@@ -42,9 +44,9 @@ class Decisions:
         self.trials: dict[str, int] = {}
         #: pools just started, whose next batch is not counted (their workers warm up)
         self.warming: set[str] = set()
-        #: the workers' rows have been compared with serial's (or could not be)
-        self.processes_checked = False
-        #: (job, probe): copies of the rows a process pool started for, and serial's results
+        #: executors whose workers' rows have been compared with serial's (or could not be)
+        self.checked: set[str] = set()
+        #: (job, probe): copies of the rows a pool started for, and serial's results
         self.probe: Any = None
         #: the key of this signature in the wisdom file (None: not remembered)
         self.wisdom_key: str | None = None
@@ -65,9 +67,9 @@ class Decisions:
             predicted={k: float(v) for k, v in entry["figures"].items()},
             remembered=when,
         )
-        for name in ("serial_row", "process_start", "thread_speedup"):
-            if isinstance(entry.get(name), (int, float)):
-                setattr(cal, name, float(entry[name]))
+        if isinstance(entry.get("serial_row"), (int, float)):
+            cal.serial_row = float(entry["serial_row"])
+        cal.start, cal.speedup = wisdom.named(entry, "start"), wisdom.named(entry, "speedup")
         decisions = cls(cal)
         cal.choice = entry["choice"] if entry["choice"] in cal.candidates() else decisions.best()
         # each figure was a whole batch's in the run that wrote it: none is tried again
@@ -76,7 +78,7 @@ class Decisions:
         decisions.trials = dict.fromkeys(cal.predicted, 2)
         # what is remembered is written already: the choice's own first batches here
         # are no reason to write it again (a short program's batches would wait for it)
-        decisions.written = (cal.choice, (cal.choice,), cal.processes_ready, False)
+        decisions.written = (cal.choice, (cal.choice,), tuple(sorted(cal.started)), False)
         return decisions
 
     def best(self) -> str:
@@ -133,50 +135,52 @@ class Decisions:
                 return name
         return None
 
-    def plan_server(self, cost: float, rows: int) -> bool:
-        """Whether to start prep's forkserver (in the background) before this batch.
+    def plan_warm_up(self, name: str, cost: float, rows: int) -> bool:
+        """Whether to warm ``name`` up (in the background) before this batch: what makes
+        its start-up known (prep's forkserver, for processes).
 
         It runs in a process of its own. While the best executor is serial on one
         core, the other cores are idle and it costs nothing: it starts at once. While
         another executor keeps every core busy, it takes about ``cost`` seconds of
         their time, so it starts by the rent-or-buy rule of :meth:`plan_start`."""
         cal = self.cal
-        saving = cal.processes_would_save(rows)
+        saving = cal.would_save(name, rows)
         if saving <= 0:
             return False
-        others = [n for n in cal.candidates() if n != "processes"]
-        # free while serial runs on one core and nothing else would use more: threads
-        # that beat serial (they release the GIL: torch.stft, PIL) would want every core
-        one_core = cal.serial_cores < 1.5 and (cal.thread_speedup or 1.0) < 1.2
+        others = [n for n in cal.candidates() if n != name]
+        # free while serial runs on one core and nothing else would use more: a pool
+        # that beats serial (threads release the GIL: torch.stft, PIL) would want every core
+        one_core = cal.serial_cores < 1.5 and max(cal.speedup.values(), default=1.0) < 1.2
         if min(others, key=cal.cost) == "serial" and one_core:
             return True
-        cal.saved_by_processes += saving
-        return cal.saved_by_processes >= cost
+        return self._saved(name, saving) >= cost
 
-    def plan_start(self, start: float, rows: int) -> bool:
-        """Rent or buy: whether to start the process pool before this batch of ``rows``.
+    def plan_start(self, name: str, start: float, rows: int) -> bool:
+        """Rent or buy: whether to start ``name`` before this batch of ``rows``.
 
-        Each batch run without it adds what it would have saved; the pool starts
-        once that sum reaches what starting it costs (``start``, measured here). A
-        program that stops then has paid at most twice the best in hindsight; one
-        that goes on pays nothing more."""
+        Each batch run without it adds what it would have saved; it starts once that
+        sum reaches what starting it costs (``start``, measured here). A program
+        that stops then has paid at most twice the best in hindsight; one that goes
+        on pays nothing more."""
+        saving = self.cal.would_save(name, rows)
+        return saving > 0 and self._saved(name, saving) >= start
+
+    def _saved(self, name: str, saving: float) -> float:
+        """``saving`` added to what ``name`` would have saved so far; the sum."""
+        saved = self.cal.saved
+        saved[name] = saved.get(name, 0.0) + saving
+        return saved[name]
+
+    def started(self, name: str, seconds: float) -> None:
+        """``name`` started (and loaded the function) in ``seconds``; it may be chosen."""
         cal = self.cal
-        saving = cal.processes_would_save(rows)
-        if saving <= 0:
-            return False
-        cal.saved_by_processes += saving
-        return cal.saved_by_processes >= start
-
-    def started_processes(self, seconds: float) -> None:
-        """The pool started (and loaded the function) in ``seconds``; it may be chosen."""
-        cal = self.cal
-        cal.processes_ready = True
-        self.warming.add("processes")
+        cal.started.add(name)
+        self.warming.add(name)
         before = cal.choice
         cal.choice = self.best()
         cal.events.note(
-            f"batch {cal.batches + 1}: processes started in {seconds * 1e3:,.0f} ms "
-            f"(measured), as the {cal.saved_by_processes * 1e3:,.0f} ms they would have "
+            f"batch {cal.batches + 1}: {name} started in {seconds * 1e3:,.0f} ms "
+            f"(measured), as the {cal.saved.get(name, 0.0) * 1e3:,.0f} ms they would have "
             f"saved paid for it" + (f"; {before} -> {cal.choice}" if cal.choice != before else "")
         )
 
@@ -185,8 +189,7 @@ class Decisions:
         cal = self.cal
         cal.predicted.pop(name, None)
         cal.dropped[name] = reason
-        if name == "processes":
-            cal.processes_ready = False
+        cal.started.discard(name)
         if cal.choice == name:
             cal.choice = self.best()
 

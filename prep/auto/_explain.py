@@ -2,13 +2,17 @@
 lines (the figures themselves are :class:`~prep.auto.Figures`' fields).
 
 A :class:`CalibrationText` reads one signature's figures and writes them out: it
-renders, and decides nothing."""
+renders, and decides nothing. It writes each executor's own figures (kept under
+its name) by that name; the one word it holds of any (:data:`ONE`) is a word."""
 
 from __future__ import annotations
 
 import math
 
 from ._figures import Figures
+
+#: how a line names one of a pool's workers, where that is not its name
+ONE = {"processes": "process"}
 
 
 def _us(seconds: float | None) -> str:
@@ -54,7 +58,7 @@ class CalibrationText:
             )
         lines += [f"  not considered: {k} ({why})" for k, why in cal.dropped.items()]
         lines += [f"  {e}" for e in cal.events]
-        lines += self._processes()
+        lines += self._starts()
         if cal.remembered:
             lines.append(
                 f"  remembered from an earlier run on this machine ({cal.remembered}); every "
@@ -82,49 +86,47 @@ class CalibrationText:
         text = f"{choice}: {measured} {_ms(cal.figure(choice))} a batch"
         if others:
             text += ", against " + ", ".join(f"{n} {_ms(cal.figure(n))}" for n in others[:2])
-        pending = "processes" in cal.predicted and not cal.processes_ready and choice != "processes"
-        if pending and cal.figure("processes") < cal.figure(choice):
-            text += "; processes start once what they save has paid for their start-up"
+        for name in cal.to_start():
+            if name != choice and cal.figure(name) < cal.figure(choice):
+                text += f"; {name} start once what they save has paid for their start-up"
         return text + "."
 
     def _measured(self) -> str:
         """The calibration's per-row figures, in one line."""
         cal = self.figures
-        dispatch = start = ""
-        if cal.process_dispatch is not None:
-            dispatch = (
-                f", process dispatch {cal.process_dispatch * 1e3:.2f} ms/batch"
+        one_thread = cal.one_thread_row
+        text = f"  serial {_us(cal.serial_row)}/row" + (
+            f" ({_us(one_thread)} on one worker's threads)" if one_thread else ""
+        )
+        text += "".join(f", {n} {_us(row)}/row" for n, row in cal.batched_rows.items() if row)
+        text += "".join(f", {n} run {x:.2f}x serial" for n, x in cal.speedup.items() if x)
+        for name, seconds in cal.dispatch.items():
+            text += (
+                f", {ONE.get(name, name)} dispatch {seconds * 1e3:.2f} ms/batch"
                 if cal.dispatch_measured
-                else f", process dispatch ~{cal.process_dispatch * 1e3:.0f} ms/batch assumed"
+                else f", {ONE.get(name, name)} dispatch ~{seconds * 1e3:.0f} ms/batch assumed"
             )
-        if "processes" in cal.predicted and not cal.processes_ready:
-            start = (
-                f" (no pool yet: +{cal.process_start * 1e3:,.0f} ms to start it, measured)"
-                if cal.process_start is not None
+        for name in cal.to_start():
+            start = cal.start.get(name)
+            text += (
+                f" (no pool yet: +{start * 1e3:,.0f} ms to start it, measured)"
+                if start is not None
                 else " (no pool yet: its start-up is measured once prep's forkserver is up)"
             )
-        one_thread = cal.one_thread_row
-        return (
-            f"  serial {_us(cal.serial_row)}/row"
-            + (f" ({_us(one_thread)} on one worker's threads)" if one_thread else "")
-            + (f", vectorized {_us(cal.vectorized_row)}/row" if cal.vectorized_row else "")
-            + (f", vmap {_us(cal.vmap_row)}/row" if cal.vmap_row else "")
-            + (f", threads run {cal.thread_speedup:.2f}x serial" if cal.thread_speedup else "")
-            + dispatch
-            + start
-        )
+        return text
 
-    def _processes(self) -> list[str]:
-        """When a process pool would start, and what checking its rows cost."""
+    def _starts(self) -> list[str]:
+        """When a pool auto rents or buys would start, and what checking its rows cost."""
         cal = self.figures
         lines = []
-        saving = cal.processes_would_save(cal.rows)
-        if saving and cal.process_start:
-            lines.append(
-                f"  processes would save {saving * 1e3:,.1f} ms a batch once started: "
-                f"they start after about {math.ceil(cal.process_start / saving)} batches "
-                f"({cal.saved_by_processes * 1e3:,.1f} ms saved so far)"
-            )
+        for name, start in cal.start.items():
+            saving = cal.would_save(name, cal.rows)
+            if saving and start:
+                lines.append(
+                    f"  {name} would save {saving * 1e3:,.1f} ms a batch once started: "
+                    f"they start after about {math.ceil(start / saving)} batches "
+                    f"({cal.saved.get(name, 0.0) * 1e3:,.1f} ms saved so far)"
+                )
         if cal.check_seconds:
             lines.append(
                 f"  checking rows in the workers against serial's here took "
@@ -133,4 +135,4 @@ class CalibrationText:
         return lines
 
 
-__all__ = ["CalibrationText"]
+__all__ = ["ONE", "CalibrationText"]

@@ -2,7 +2,11 @@
 the batches observed since, and what they cost (:class:`Figures`), with the log
 of what happened to them (:class:`EventLog`). The decisions taken from them are
 :class:`~prep.auto._decisions.Decisions`'; the report a user reads is
-:class:`~prep.auto.Calibration`."""
+:class:`~prep.auto.Calibration`.
+
+What an executor measured of itself is kept under its name (each fills its own,
+``Executor.measure``), and what role an executor plays (a pool, one auto rents or
+buys) is its class's word (:func:`role`): no executor is named here."""
 
 from __future__ import annotations
 
@@ -11,14 +15,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-#: threads or processes are chosen over the rest only when predicted this much faster
-#: (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
+from ..executors import REGISTRY, Executor
+
+#: a pool (``Executor.pooled``) is chosen over the rest only when predicted this much
+#: faster (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
 POOL_MARGIN = 1.15
-POOLS = ("threads", "processes")
 #: observed batch times kept per executor (their median is the figure)
 KEEP = 8
 #: events kept for ``explain``
 EVENTS = 8
+
+
+def role(name: str) -> type[Executor]:
+    """The class of the executor of that name, whose attributes say what role it plays
+    (the contract's defaults for a name not in the registry)."""
+    return REGISTRY.get(name, Executor)
 
 
 class EventLog:
@@ -61,32 +72,35 @@ class Figures:
     #: and how many cores' worth torch's own threads made serial faster by
     one_thread_row: float | None = None
     serial_cores: float = 1.0
-    vectorized_row: float | None = None
-    vmap_row: float | None = None
-    thread_speedup: float | None = None
-    process_dispatch: float | None = None
-    #: seconds starting the process pool costs, measured here (None: not known yet)
-    process_start: float | None = None
+    #: seconds a row, per batched form that ran on the sample
+    batched_rows: dict[str, float] = field(default_factory=dict)
+    #: how many times serial's speed, per pool measured on the sample
+    speedup: dict[str, float] = field(default_factory=dict)
+    #: seconds a batch costs a started executor beyond its rows, per executor
+    dispatch: dict[str, float] = field(default_factory=dict)
+    #: seconds starting an executor costs, measured here (absent: not known yet)
+    start: dict[str, float] = field(default_factory=dict)
     bytes_per_row: int = 0
     sample: int = 0
-    #: seconds a whole batch of ``rows`` rows is predicted to take, per executor (the
-    #: process pool's figure is for a started pool: starting it is ``process_start``)
+    #: seconds a whole batch of ``rows`` rows is predicted to take, per executor (a
+    #: figure for a started executor: starting it is ``start``)
     predicted: dict[str, float] = field(default_factory=dict)
     #: seconds whole batches took, per executor, scaled to ``rows`` rows
     observed: dict[str, list[float]] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
     choice: str = "serial"
     seconds: float = 0.0
-    #: seconds a started process pool would have saved on the batches run so far
-    saved_by_processes: float = 0.0
+    #: seconds a started executor (one auto rents or buys) would have saved on the
+    #: batches run so far, per executor
+    saved: dict[str, float] = field(default_factory=dict)
     batches: int = 0
     #: switches, trials, fallbacks and pool starts, in order, for ``explain``
     events: EventLog = field(default_factory=EventLog)
     #: False: a batched form ran the first batch without winning outright; the next
     #: batch measures the pools against it
     settled: bool = True
-    #: the process pool is up and its workers have loaded the function
-    processes_ready: bool = False
+    #: executors auto rents or buys that are up, their workers having loaded the function
+    started: set[str] = field(default_factory=set)
     #: the dispatch cost was measured on a running pool (else it is assumed)
     dispatch_measured: bool = False
     #: seconds spent checking that rows run in worker processes equal serial's here
@@ -96,12 +110,6 @@ class Figures:
 
     # ------------------------------------------------------------ figures
 
-    @property
-    def batched_rows(self) -> dict[str, float]:
-        """Seconds a row, per batched form that ran (``Executor.estimate`` reads it)."""
-        forms = {"vectorized": self.vectorized_row, "vmap": self.vmap_row}
-        return {name: per_row for name, per_row in forms.items() if per_row is not None}
-
     def figure(self, name: str) -> float:
         """Seconds a batch of ``rows`` rows takes with ``name``: observed, else predicted."""
         seen = self.observed.get(name)
@@ -110,21 +118,25 @@ class Figures:
     def cost(self, name: str) -> float:
         """:meth:`figure`, counted with ``POOL_MARGIN`` for a pool never observed."""
         # an unobserved pool has to save more than measurement noise to take the cores
-        margin = POOL_MARGIN if name in POOLS and not self.observed.get(name) else 1.0
+        margin = POOL_MARGIN if role(name).pooled and not self.observed.get(name) else 1.0
         return self.figure(name) * margin
 
     def candidates(self) -> list[str]:
-        """Executors auto may run now (processes only once started and loaded)."""
-        return [n for n in self.predicted if n != "processes" or self.processes_ready]
+        """Executors auto may run now (one it rents or buys only once started and loaded)."""
+        return [n for n in self.predicted if not role(n).rent_or_buy or n in self.started]
 
-    def processes_would_save(self, rows: int) -> float:
-        """Seconds a started process pool would save over the best other executor on
+    def to_start(self) -> list[str]:
+        """Executors predicted that auto rents or buys and has not started."""
+        return [n for n in self.predicted if role(n).rent_or_buy and n not in self.started]
+
+    def would_save(self, name: str, rows: int) -> float:
+        """Seconds ``name``, once started, would save over the best other executor on
         ``rows`` rows (counted with ``POOL_MARGIN`` until it has been observed)."""
-        others = [n for n in self.candidates() if n != "processes"]
-        if self.processes_ready or "processes" not in self.predicted or not others:
+        others = [n for n in self.candidates() if n != name]
+        if name in self.started or name not in self.predicted or not others:
             return 0.0
         best = min(self.cost(n) for n in others)
-        return max(0.0, best - self.predicted["processes"] * POOL_MARGIN) * rows / self.rows
+        return max(0.0, best - self.predicted[name] * POOL_MARGIN) * rows / self.rows
 
     # ------------------------------------------------------------ wisdom
 
@@ -135,8 +147,8 @@ class Figures:
             "rows": self.rows,
             "figures": {n: self.figure(n) for n in self.predicted},
             "serial_row": self.serial_row if math.isfinite(self.serial_row) else None,
-            "process_start": self.process_start,
-            "thread_speedup": self.thread_speedup,
+            "start": dict(self.start),
+            "speedup": dict(self.speedup),
         }
 
     def backing(self) -> Any:
@@ -148,7 +160,7 @@ class Figures:
         return (
             self.choice,
             tuple(sorted(self.observed)),
-            self.processes_ready,
+            tuple(sorted(self.started)),
             len(seen) in ((8,) if self.remembered else (2, 8)),
         )
 
@@ -160,4 +172,4 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-__all__ = ["EVENTS", "KEEP", "POOLS", "POOL_MARGIN", "EventLog", "Figures"]
+__all__ = ["EVENTS", "KEEP", "POOL_MARGIN", "EventLog", "Figures", "role"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..core.rowwise import twin_of
 from ..executors import REGISTRY, Job
 from . import wisdom
 from ._decisions import Decisions
@@ -36,12 +35,9 @@ class Memory:
             return None
         d = Decisions.from_wisdom(entry, self.workers, job.policy.describe())
         d.wisdom_key = wkey
-        if not allow:
-            d.drop("processes", "inside a DataLoader worker (no child processes)")
-        if not job.rows.batched or twin_of(job.fn) is None:
-            d.drop("vectorized", "no batched twin here")
-        if not job.rows.batched:
-            d.drop("vmap", "a list of samples has no batched form")
+        for name, kind in REGISTRY.items():  # each executor's own word
+            if (reason := kind.ruled_out(job, allow)) is not None:
+                d.drop(name, reason)
         return d
 
     def remember(self, d: Decisions) -> None:

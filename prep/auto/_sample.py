@@ -2,8 +2,10 @@
 
 A :class:`Sample` is what every measurement step shares: the job (its rows, its
 output, its deadline), the executors by name, the :class:`Calibration` being
-filled, and a :class:`Cursor` over the rows already in the output. Serial is
-timed here (:meth:`Sample.serial`) because every other figure is relative to it.
+filled, and a :class:`Cursor` over the rows already in the output. It is what
+:class:`~prep.executors.Sampling` describes: each executor measures itself on it
+(``Executor.measure``). Serial is timed here (:meth:`Sample.serial`) because
+every other figure is relative to it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from ..core.output import Output
 from ..core.rows import Rows
 from ..errors import ExecutorUnavailable
-from ..executors import BLOCK, Executor, Job, available_cores
+from ..executors import BLOCK, Executor, Job, RowCursor, available_cores
 from .calibration import Calibration
 
 #: calibration stops adding serial rows once this much time was spent
@@ -89,7 +91,7 @@ class Sample:
     ) -> None:
         self.job = job
         self.main = Cursor(job)
-        self.get = get
+        self._get = get
         self.n = len(job.rows)
         self.cal = Calibration(rows=self.n, workers=workers, options=job.policy.describe())
         self.allow_processes = allow_processes
@@ -101,13 +103,16 @@ class Sample:
     def now(self) -> float:
         return now(self.cuda)
 
+    def executor(self, name: str) -> Executor:
+        return self._get(name)
+
     def scratch(self, k: int) -> Cursor:
         """A cursor over copies of the first ``k`` rows, into an output of its own:
         serial timed beside a batched form, which makes the real output."""
         job = self.job
         return Cursor(Job.new(job.fn, job.rows.take(0, k), deadline=job.clock))
 
-    def serial(self, budget_rows: int, cursor: Cursor | None = None) -> None:
+    def serial(self, budget_rows: int, cursor: RowCursor | None = None) -> None:
         """Seconds per row, as the serial executor runs them: blocks of 1, 2, 4 ... rows
         (8, 16, 32 for rows under 1 ms) until the time or row budget is spent. The
         fastest block of two or more rows is the measurement: noise (another process,
@@ -133,7 +138,7 @@ class Sample:
             size = min(2 * size, BLOCK)
         self.cal.serial_row = self.best_serial if self.best_serial < math.inf else first
 
-    def serial_block(self, size: int, cursor: Cursor | None = None) -> float:
+    def serial_block(self, size: int, cursor: RowCursor | None = None) -> float:
         """Run the next ``size`` rows serially; keep the fastest per-row time of 2+ rows."""
         p = cursor or self.main
         start, stop = p.done, min(len(p.job.rows), p.done + size)

@@ -1,17 +1,20 @@
-"""Starting a process pool for auto: rent or buy, and serial's word first.
+"""Starting an executor that costs a start (a process pool): rent or buy, and
+serial's word first.
 
-When the figures say a started pool pays (:meth:`Decisions.plan_start`), the
-pool starts before the batch; while what starting it costs is not known yet
-(prep's forkserver, which imports torch, has not run in this interpreter), the
-executor warms up in the background while the batches go on. Everything here
-goes through the executor contract (:class:`~prep.executors.Executor`'s
-``start_cost``, ``warm_up``, ``prepare``), never an executor's class.
+Which executors auto starts only once that pays is each one's own word
+(``Executor.rent_or_buy``). When the figures say a started one pays
+(:meth:`Decisions.plan_start`), it starts before the batch; while what starting
+it costs is not known yet (prep's forkserver, which imports torch, has not run in
+this interpreter), the executor warms up in the background while the batches go
+on. Everything here goes through the executor contract
+(:class:`~prep.executors.Executor`'s ``start_cost``, ``warm_up``, ``prepare``),
+never an executor's class or name.
 
 Before the workers are used for a function, they must have loaded it; the first
 batch they run is then compared, on a few rows, with serial's results here
 (:mod:`prep.core.trust`), since another interpreter's ``hash()``, module globals and
 RNG can differ from this one's: on a difference the batch runs again in this
-process and processes are dropped. A function that writes into its input rows
+process and the executor is dropped. A function that writes into its input rows
 is kept in this process, where the write lands as it does under serial.
 """
 
@@ -25,6 +28,7 @@ from ..core.trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
 from ..executors import Executor, Job
 from ._decisions import Decisions
+from ._figures import role
 from ._sample import now
 
 #: seconds of CPU prep's forkserver is taken to cost (it imports torch) before it has
@@ -33,8 +37,8 @@ from ._sample import now
 SERVER_PRIOR = 1.5
 
 
-class ProcessStarter:
-    """Starts auto's process pool when it pays, once its rows agree with serial's."""
+class Starter:
+    """Starts, for auto, what costs a start when it pays, once its rows agree with serial's."""
 
     def __init__(self, get: Callable[[str], Executor], workers: int, lock: threading.Lock) -> None:
         self._get = get
@@ -42,11 +46,15 @@ class ProcessStarter:
         self._lock = lock  # the auto executor's: calibrations are shared by its threads
 
     def plan(self, d: Decisions, job: Job, allow: bool) -> None:
-        """Start the process pool before this batch when it pays (rent or buy)."""
+        """Start what pays before this batch (rent or buy); child processes only where
+        ``allow`` (not inside a DataLoader worker)."""
+        for name in d.cal.to_start():
+            if allow or not role(name).needs_processes:
+                self._plan(d, name, job)
+
+    def _plan(self, d: Decisions, name: str, job: Job) -> None:
         cal = d.cal
-        if not allow or cal.processes_ready or "processes" not in cal.predicted:
-            return
-        ex = self._get("processes")
+        ex = self._get(name)
         rows = len(job.rows) - job.start
         start = ex.start_cost()
         # each new worker builds its own state first: setup=, once per worker, counted
@@ -56,32 +64,35 @@ class ProcessStarter:
         if start is None:  # not known before it has warmed up: warm it, in the background
             failed = ex.start_failure()
             if failed:
-                d.drop("processes", f"its workers could not start here ({failed})")
-            elif d.plan_server((ex.warm_up_cost() or SERVER_PRIOR) + setup, rows) and ex.warm_up():
+                d.drop(name, f"its workers could not start here ({failed})")
+            elif (
+                d.plan_warm_up(name, (ex.warm_up_cost() or SERVER_PRIOR) + setup, rows)
+                and ex.warm_up()
+            ):
                 cal.events.note(
                     f"batch {cal.batches + 1}: prep's forkserver starting in the background "
-                    f"(processes would save {cal.processes_would_save(cal.rows) * 1e3:,.1f} ms "
-                    f"a batch); processes are weighed once it is up"
+                    f"({name} would save {cal.would_save(name, cal.rows) * 1e3:,.1f} ms "
+                    f"a batch); {name} are weighed once it is up"
                 )
             return
-        cal.process_start = start + setup
-        if not d.plan_start(start + setup, rows):
+        cal.start[name] = start + setup
+        if not d.plan_start(name, start + setup, rows):
             return
         probe = self.probe_for(d, job)
         if probe is not None and (row := probe.writes_input()) is not None:
             with self._lock:
-                d.drop("processes", writes_input(job.start + row))
+                d.drop(name, writes_input(job.start + row))
             return
         d.probe = (job, probe)  # compared with the workers' rows of this very batch
         try:
             took = ex.prepare(job.fn, job.remaining())
         except ExecutorUnavailable as exc:
             with self._lock:
-                d.drop("processes", f"its workers could not load the function: {exc}")
+                d.drop(name, f"its workers could not load the function: {exc}")
             return
         with self._lock:
-            cal.process_start = took
-            d.started_processes(took)
+            cal.start[name] = took
+            d.started(name, took)
 
     def probe_for(self, d: Decisions, job: Job) -> Probe | None:
         """Copies of the first rows ``job`` has left, and serial's results on them here:
@@ -94,9 +105,9 @@ class ProcessStarter:
         d.cal.check_seconds += now(False) - t
         return probe
 
-    def verify(self, d: Decisions, job: Job, probe: Probe | None) -> str | None:
-        """Serial is the reference: after the workers ran ``job``, their rows must equal
-        the probe's, computed here; the reason to drop processes, or None. Only on a
+    def verify(self, d: Decisions, name: str, job: Job, probe: Probe | None) -> str | None:
+        """Serial is the reference: after ``name``'s workers ran ``job``, their rows must
+        equal the probe's, computed here; the reason to drop ``name``, or None. Only on a
         difference is the function run here again, to tell a function that is not
         deterministic here either (random augmentation: no single right answer to
         compare with) from one that computes other values in other interpreters."""
@@ -117,10 +128,11 @@ class ProcessStarter:
                         f"not compared with serial's"
                     )
                 return None
-            return mismatch_reason("processes", job.start + row)
+            return mismatch_reason(name, job.start + row)
         finally:
             cal.check_seconds += now(False) - t
-            d.processes_checked, d.probe = True, None
+            d.probe = None
+            d.checked.add(name)
 
 
-__all__ = ["SERVER_PRIOR", "ProcessStarter"]
+__all__ = ["SERVER_PRIOR", "Starter"]

@@ -37,10 +37,12 @@ vmap try costs those few rows once more):
    Left out inside DataLoader workers, on one core, for functions that cannot
    be pickled, for CUDA batches, and for less than 10 ms of work.
 
-The sample and serial's timing are in :mod:`._sample`, the batched forms in
-:mod:`._batched`, the pools in :mod:`._pools`; this module runs them in order.
-What a whole batch would take is each executor's own estimate from these
-figures (``Executor.estimate``, beside the executor: the formulas above).
+The sample and serial's timing are in :mod:`._sample`, what follows a batched
+form's run in :mod:`._batched`; the steps 2-4 are each executor's own, beside it
+(``Executor.first_batch`` and ``still_agrees`` for a batched form,
+``Executor.measure`` for the rest), so this module runs them in order, over the
+registry, and names none. What a whole batch would take is each executor's own
+estimate from these figures (``Executor.estimate``: the formulas above).
 No pool is measured for a batch under 2 ms of serial work. What the calibrator
 finds is a prediction; :class:`~prep.auto.AutoExecutor` then times
 every batch it runs and lets the measured figures decide.
@@ -48,11 +50,9 @@ every batch it runs and lets the measured figures decide.
 
 from __future__ import annotations
 
-from ..core.rowwise import twin_of
 from ..executors import REGISTRY
-from ._batched import BatchedForms
+from ._batched import BatchedForms, batched_form
 from ._decisions import Decisions
-from ._pools import PoolEstimates
 from ._sample import Sample
 from .calibration import Calibration
 
@@ -67,14 +67,14 @@ class Calibrator:
 
     It measures a :class:`Sample` (the job, the executors by name, and the
     signature's unsettled calibration from the batch before, if any: its batched
-    form's figure is kept, and this batch measures the pools). :meth:`run` returns
+    form's figure is kept, and this batch measures the pools), through the
+    executors' own steps. :meth:`run` returns
     the report; ``decisions`` goes on choosing from it.
     """
 
     def __init__(self, sample: Sample) -> None:
         self.sample = sample
         self.batched = BatchedForms(self.sample)
-        self.pools = PoolEstimates(self.sample)
         self.cal = self.sample.cal
         self.decisions = Decisions(self.cal)
 
@@ -86,35 +86,29 @@ class Calibrator:
         s, cal, forms = self.sample, self.cal, self.batched
         t0 = s.now()
         tensors = s.job.rows.batched and self._batched_forms_allowed()
-        twin = tensors and twin_of(s.job.fn) is not None
-        first = forms.twin_first if twin else forms.vmap_first
-        if s.prior is None and tensors and first():
+        form = batched_form(s.job, s.allow_processes) if tensors else None
+        if s.prior is None and form is not None and form.first_batch(s):
             # first batch: a batched form made the whole output in one call
             if not forms.won_outright() and not self._too_light_for_pools():
                 cal.settled = False
-                name = "vectorized" if twin else "vmap"
-                cal.dropped["threads, processes"] = f"measured on the next batch, with {name}"
+                cal.dropped["threads, processes"] = f"measured on the next batch, with {form.name}"
             return self._finish(t0)
-        # no batched form, or the batch after one that did not win outright; a twin
-        # that gave other rows than the row function is not used again
-        twin = twin and "vectorized" not in cal.dropped
-        batched = "vectorized" if twin else ("vmap" if forms.prior_row("vmap") else None)
+        # no batched form, or the batch after one that did not win outright (whose
+        # figure it kept): a form that failed or gave other rows is not used again
+        batched = form if form and forms.prior_row(form.name) is not None else None
         s.serial(budget_rows=max(4, min(32, s.n // 8)))
-        if not tensors and "vectorized, vmap" not in cal.dropped:
+        if not s.job.rows.batched:
             cal.dropped["vectorized"] = "a list of samples has no batched form"
-        elif batched == "vmap" and not forms.vmap_agrees():
+        elif batched is not None and not batched.still_agrees(s):
             batched = None
-        if batched and forms.won_outright(forms.prior_row(batched)):
-            forms.run_rest(batched)
+        if batched and forms.won_outright(forms.prior_row(batched.name)):
+            forms.run_rest(batched.name)
             return self._finish(t0)
         if not self._too_light_for_pools():
-            if cal.workers > 1 and s.main.left >= 4 * cal.workers:
-                self.pools.measure_threads()
-            else:
-                cal.dropped["threads"] = "one worker, or too few rows left to measure"
-            self.pools.consider_processes()
+            for kind in REGISTRY.values():  # each measures itself (the pools do)
+                kind.measure(s)
         if batched and s.main.left:
-            forms.run_rest(batched)
+            forms.run_rest(batched.name)
         return self._finish(t0)
 
     def _batched_forms_allowed(self) -> bool:

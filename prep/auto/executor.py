@@ -26,13 +26,14 @@ from typing import Any
 
 from .._warn import warn
 from ..core.output import Output
-from ..core.rowwise import twin_of
 from ..errors import ExecutorUnavailable
 from ..executors import REGISTRY, Executor, Job, in_worker_process
+from ._batched import batched_form
 from ._decisions import Decisions
+from ._figures import role
 from ._memory import Memory
 from ._sample import Sample, now, on_cuda, run_tolerant
-from ._starter import ProcessStarter
+from ._starter import Starter
 from .calibration import Calibration, signature
 from .calibrator import Calibrator
 
@@ -73,7 +74,7 @@ class AutoExecutor(Executor):
         self._choices: dict[Any, tuple[Any, list[Decisions]]] = {}
         self._lock = threading.Lock()
         self._warned: set[str] = set()
-        self._starter = ProcessStarter(self.executor, self.workers, self._lock)
+        self._starter = Starter(self.executor, self.workers, self._lock)
         self._memory = Memory(self.workers, self._lock)
 
     def _make(self, name: str) -> Executor:
@@ -118,13 +119,13 @@ class AutoExecutor(Executor):
 
     def run(self, job: Job) -> Output | None:
         n = len(job.rows)
-        if n == 0:  # nothing to measure: the twin if there is one
-            twin = job.rows.batched and twin_of(job.fn) is not None
-            return self._get("vectorized" if twin else "serial").run(job)
         allow = not in_worker_process()
+        if n == 0:  # nothing to measure: a batched form if one can run no rows (a twin)
+            form = batched_form(job, allow)
+            return self._get(form.name if form else "serial").run(job)
         key = signature(job.fn, job.rows, job.sink.pin, job.policy)
         d = self._kept(key, n)
-        if d is not None and not allow and "processes" in d.cal.predicted:
+        if d is not None and not allow and any(role(p).needs_processes for p in d.cal.predicted):
             d = None  # a choice made where processes were allowed: measure again here
         if d is None and (d := self._memory.recall(job, allow)) is not None:
             self._keep(key, job.fn, d, None)
@@ -172,7 +173,8 @@ class AutoExecutor(Executor):
     def _run(self, d: Decisions, name: str, job: Job, *, observe: bool) -> Output | None:
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
         cal, start, cuda = d.cal, job.start, on_cuda(job.rows)
-        check = name == "processes" and not d.processes_checked
+        # rows computed in another interpreter are compared with serial's, once
+        check = role(name).needs_processes and name not in d.checked
         probe = self._starter.probe_for(d, job) if check else None
         t = now(cuda)
         try:
@@ -181,12 +183,10 @@ class AutoExecutor(Executor):
             self._fall_back(d, name, exc)
             return self._run(d, cal.choice, job, observe=observe)
         took = now(cuda) - t
-        if check and (reason := self._starter.verify(d, job, probe)):
+        if check and (reason := self._starter.verify(d, name, job, probe)):
             with self._lock:  # serial is the reference: these rows run again, here
-                d.drop("processes", reason)
-                cal.events.note(
-                    f"batch {cal.batches + 1}: processes dropped: {reason.split('.')[0]}"
-                )
+                d.drop(name, reason)
+                cal.events.note(f"batch {cal.batches + 1}: {name} dropped: {reason.split('.')[0]}")
             job.sink.failures.forget(start)
             return self._run(d, cal.choice, job, observe=observe)
         with self._lock:

@@ -53,7 +53,17 @@ from .._version import __version__
 from ..core.identity import identity
 from ..executors import available_cores
 
-__all__ = ["ENV", "flush", "forget", "key", "location", "recall", "remember", "remember_later"]
+__all__ = [
+    "ENV",
+    "flush",
+    "forget",
+    "key",
+    "location",
+    "named",
+    "recall",
+    "remember",
+    "remember_later",
+]
 
 ENV = "PREP_WISDOM"
 #: the file's format; another version's file is ignored
@@ -174,6 +184,26 @@ def valid(entry: Any, known: Callable[[str], bool]) -> bool:
             for n, v in figures.items()
         )
     )
+
+
+#: figures an older entry kept under a key of their own, not by executor: the key,
+#: and the figure and executor it is (read, never written)
+_OLD_KEYS = {"process_start": ("start", "processes"), "thread_speedup": ("speedup", "threads")}
+
+
+def named(entry: dict[str, Any], figure: str) -> dict[str, float]:
+    """``entry``'s ``figure`` of each executor (``"start"``: seconds starting it costs,
+    ``"speedup"``: a pool's over serial), by executor name; an older entry's too."""
+    kept = entry.get(figure)
+    found = {
+        str(n): float(v)
+        for n, v in (kept.items() if isinstance(kept, dict) else ())
+        if isinstance(v, (int, float))
+    }
+    for old, (was, name) in _OLD_KEYS.items():
+        if was == figure and isinstance(entry.get(old), (int, float)):
+            found.setdefault(name, float(entry[old]))
+    return found
 
 
 _cache: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}

@@ -12,6 +12,8 @@ from __future__ import annotations
 from ._base import (
     Executor,
     Measured,
+    RowCursor,
+    Sampling,
     available_cores,
     copy_rows,
     first_error,
@@ -59,6 +61,8 @@ __all__ = [
     "ProcessBatches",
     "PART_WORK",
     "RowCosts",
+    "RowCursor",
+    "Sampling",
     "Shapes",
     "ThreadBatches",
     "Ticket",

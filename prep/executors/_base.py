@@ -6,12 +6,18 @@ errors; afterwards it is still usable (a pool that
 lost a worker rebuilds itself on the next call).
 
 ``auto`` measures and starts executors through the rest of :class:`Executor`
-alone, never by their class: what starting one costs (:meth:`~Executor.start_cost`,
-:meth:`~Executor.warm_up`), what a batch costs it beyond its rows
-(:meth:`~Executor.dispatch_cost`), whether it can take a job here at all
-(:meth:`~Executor.unsuitable`), how one of its workers runs torch
-(:meth:`~Executor.as_worker`), making it ready for a function
-(:meth:`~Executor.prepare`), and its batched form, if it has one. Each has a
+alone, never by their class or name. Each measures itself on the batch auto
+samples (:meth:`~Executor.measure`, or a batched form's
+:meth:`~Executor.first_batch`: :class:`Sampling` is what the sample offers,
+:class:`Measured` the figures), estimates a batch from those figures
+(:meth:`~Executor.estimate`), and says by class attributes what role it plays
+(``pooled``, ``rent_or_buy``, ``per_row``). Besides: what starting one costs
+(:meth:`~Executor.start_cost`, :meth:`~Executor.warm_up`), what a batch costs it
+beyond its rows (:meth:`~Executor.dispatch_cost`), whether it can take a job
+here at all (:meth:`~Executor.ruled_out`, :meth:`~Executor.unsuitable`), how
+one of its workers runs torch (:meth:`~Executor.as_worker`), making it ready
+for a function (:meth:`~Executor.prepare`), and its batched form, if it has
+one. Each has a
 default that fits an executor with nothing to start.
 """
 
@@ -77,21 +83,93 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
 
 
 class Measured(Protocol):
-    """What ``auto`` measured on a sample (``prep.auto``'s figures), from which an
-    executor estimates a batch (:meth:`Executor.estimate`): serial's seconds a row and
-    how many cores' worth torch's own threads made it faster by, the thread pool's
-    speed-up, a started process pool's seconds a batch beyond its rows, and the bytes
-    a row and its result weigh."""
+    """What ``auto`` measured on a sample (``prep.auto``'s figures), filled by each
+    executor's :meth:`Executor.measure` and read by its :meth:`Executor.estimate`.
+    Serial's figures are auto's own (every other one is relative to them); what one
+    executor measures of itself is kept under its name, so that auto holds no field
+    of any executor: the seconds a row of a batched form, the speed-up of a pool,
+    what a batch costs a started executor beyond its rows, and what starting it
+    costs here."""
 
+    workers: int
+    #: serial's seconds a row, and how many cores' worth torch's own threads made it
+    #: faster by (the seconds a row on one worker's share of them: ``one_thread_row``)
     serial_row: float
     serial_cores: float
-    thread_speedup: float | None
-    process_dispatch: float | None
+    one_thread_row: float | None
+    #: bytes a row and its result weigh
     bytes_per_row: int
+    batched_rows: dict[str, float]
+    speedup: dict[str, float]
+    dispatch: dict[str, float]
+    #: the dispatch costs were measured on a running pool (else they are assumed)
+    dispatch_measured: bool
+    start: dict[str, float]
+    #: why an executor is left out, by its name (``explain`` prints it)
+    dropped: dict[str, str]
+
+
+class RowCursor(Protocol):
+    """A job and how many of its rows, from its start, are in its output so far."""
+
+    done: int
 
     @property
-    def batched_rows(self) -> dict[str, float]:
-        """Seconds a row, per batched form (by its name) that ran on the sample."""
+    def job(self) -> Job: ...
+
+    @property
+    def left(self) -> int: ...
+
+    def run(self, ex: Executor, stop: int) -> None:
+        """Rows ``done:stop`` with ``ex``, into the job's output; ``done`` moves to ``stop``."""
+
+
+class Sampling(Protocol):
+    """A batch under ``auto``'s measurement (``prep.auto``'s ``Sample``), as an
+    executor's own steps see it (:meth:`Executor.measure`, and a batched form's
+    :meth:`Executor.first_batch` and :meth:`Executor.still_agrees`): every row they
+    run goes into the output (``main``), so no row of the batch runs twice."""
+
+    @property
+    def job(self) -> Job: ...
+
+    @property
+    def main(self) -> RowCursor:
+        """The rows of the job already in its output: a step runs the next ones."""
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def cores(self) -> int:
+        """Cores the workers may use: ``min(workers, available_cores())``."""
+
+    @property
+    def allow_processes(self) -> bool:
+        """False inside a DataLoader worker (no child processes)."""
+
+    @property
+    def cal(self) -> Measured:
+        """The figures being filled."""
+
+    @property
+    def best_serial(self) -> float:
+        """Seconds a row of the fastest serial block so far."""
+
+    def now(self) -> float:
+        """The time, once a GPU batch's queued kernels have run."""
+
+    def executor(self, name: str) -> Executor:
+        """The executor of that name that auto measures and runs (started on first use)."""
+
+    def scratch(self, k: int) -> RowCursor:
+        """A cursor over copies of the first ``k`` rows, into an output of its own."""
+
+    def serial(self, budget_rows: int, cursor: RowCursor | None = None) -> None:
+        """Serial timed on up to ``budget_rows`` rows of ``cursor`` (``main`` by default)."""
+
+    def serial_block(self, size: int, cursor: RowCursor | None = None) -> float:
+        """The next ``size`` rows run serially; the seconds they took."""
 
 
 class Executor(ABC):
@@ -108,6 +186,12 @@ class Executor(ABC):
     #: the executors whose workers (their ``engine``) a stream of this one may give whole
     #: batches to, its own kind last (none: a stream splits every batch)
     stream_workers: ClassVar[tuple[str, ...]] = ()
+    #: whether it spreads the rows over workers of its own (a pool): auto wants it
+    #: predicted clearly faster (``prep.auto.POOL_MARGIN``) before it takes the cores
+    pooled: ClassVar[bool] = False
+    #: whether starting it costs enough that auto predicts it without starting it, and
+    #: starts it only once what it would have saved pays for the start (rent or buy)
+    rent_or_buy: ClassVar[bool] = False
 
     def __init__(self, workers: int | None = None) -> None:
         self.workers = resolve_workers(workers)
@@ -130,6 +214,35 @@ class Executor(ABC):
         return False
 
     # ------------------------------------------------------------ what auto asks of it
+
+    @classmethod
+    def ruled_out(cls, job: Job, processes_allowed: bool) -> str | None:
+        """Why auto cannot weigh it for ``job`` at all, known before anything is
+        measured (a batched form without the form it calls, child processes inside a
+        DataLoader worker); None when it may."""
+        return None
+
+    @classmethod
+    def measure(cls, sample: Sampling) -> None:
+        """Measure itself on the next rows of ``sample`` (their results go into the
+        output, as for real) and keep its figures in ``sample.cal`` under its name, or
+        say there why it is left out. Nothing by default: serial is auto's own
+        measure (every figure is relative to it), and a batched form is measured by
+        :meth:`first_batch` or as it runs the rest of a batch."""
+        return None
+
+    @classmethod
+    def first_batch(cls, sample: Sampling) -> bool:
+        """A batched form on the first batch of a signature: make the whole output in
+        one call, checked against serial's rows, and keep its seconds a row in
+        ``sample.cal.batched_rows``; False (and nothing written) where it cannot."""
+        return False
+
+    @classmethod
+    def still_agrees(cls, sample: Sampling) -> bool:
+        """A batched form on a later batch, before it runs the rows serial left: whether
+        it still reproduces serial's rows (False: ``sample.cal.dropped`` says why)."""
+        return True
 
     @classmethod
     def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:

@@ -56,13 +56,13 @@ from ..errors import (
     WorkerCrashed,
 )
 from . import _spawn, _worker
-from ._base import Executor, Measured, copy_rows, split, threads_per_worker
+from ._base import Executor, Measured, Sampling, copy_rows, split, threads_per_worker
 from ._batches import ProcessBatches
 from ._chunks import gather
 from ._fdpipe import INLINE
 from ._handles import how_it_ended
 from ._isolation import Isolation
-from ._job import Job
+from ._job import BLOCK, Job
 from ._ticket import Ticket
 from ._transport import check_shm, describe_fn, pickle_fn, shm_fits, shm_free
 
@@ -74,12 +74,18 @@ LOAD_TIMEOUT = 120.0
 SHM_BYTES_PER_SECOND = 4e9
 #: parts per worker of a batch with a progress bar (else at most one: the fewest messages)
 PROGRESS_PARTS = 4
+#: seconds of serial work below which auto does not even consider worker processes
+MIN_PROCESS_WORK = 0.01
+#: dispatch cost auto assumes for a pool not yet started (a warm one is measured)
+COLD_DISPATCH = 0.005
 
 
 class ProcessExecutor(Executor):
     name = "processes"
     needs_processes = True
     stream_workers = ("processes",)
+    pooled = True
+    rent_or_buy = True
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)
@@ -128,14 +134,25 @@ class ProcessExecutor(Executor):
         return None
 
     @classmethod
+    def ruled_out(cls, job: Job, processes_allowed: bool) -> str | None:
+        return None if processes_allowed else "inside a DataLoader worker (no child processes)"
+
+    @classmethod
+    def measure(cls, sample: Sampling) -> None:
+        """Predicted, never started just to be measured: auto starts the pool once that
+        pays (rent or buy). See :class:`_Prediction`."""
+        _Prediction(sample, cls).run()
+
+    @classmethod
     def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
         """Serial's work (what a row spread over ``serial_cores`` cores) shared by the
         cores, plus the dispatch and the copy through shared memory."""
-        if measured.process_dispatch is None:
+        dispatch = measured.dispatch.get(cls.name)
+        if dispatch is None:
             return None
         copy = rows * measured.bytes_per_row / SHM_BYTES_PER_SECOND
         work = rows * measured.serial_row * measured.serial_cores / cores
-        return work + measured.process_dispatch + copy
+        return work + dispatch + copy
 
     def worker_threads(self) -> int | None:
         return threads_per_worker(self.workers)
@@ -259,6 +276,88 @@ class ProcessExecutor(Executor):
         for ticket in tickets:
             ticket.limit = job.timeout  # the batch's, as the caller gave it
         return tickets
+
+
+class _Prediction:
+    """A started pool's batch predicted on auto's sample, or why processes are left out:
+    serial's time shared by the workers (serial is timed again with torch on as many
+    intra-op threads as each worker gets: when torch's own threads already spread a
+    row over the cores, there is less left to divide), the warm pool's dispatch
+    (measured once a pool runs, else ``COLD_DISPATCH``), and the copy of the batch
+    and result through shared memory. What starting it costs is measured here too,
+    for auto's rent or buy."""
+
+    def __init__(self, sample: Sampling, kind: type[Executor]) -> None:
+        self.s, self.cal, self.name, self.kind = sample, sample.cal, kind.name, kind
+
+    def run(self) -> None:
+        s, cal = self.s, self.cal
+        if (reason := self._left_out()) is not None:
+            cal.dropped[self.name] = reason
+            return
+        ex = s.executor(self.name)
+        cal.bytes_per_row = self._bytes_per_row()
+        if (reason := ex.unsuitable(s.job, cal.bytes_per_row * s.n)) is not None:
+            cal.dropped[self.name] = reason
+            return
+        self._one_thread(ex)
+        start = ex.start_cost()
+        if start is None:
+            cal.start.pop(self.name, None)
+        else:
+            cal.start[self.name] = start
+        if start == 0:  # a warm pool: measure what a batch costs it
+            cal.dispatch[self.name] = ex.dispatch_cost()
+            cal.dispatch_measured = True
+        else:  # do not start a pool just to measure it: auto starts it when it pays
+            cal.dispatch[self.name] = COLD_DISPATCH
+
+    def _left_out(self) -> str | None:
+        s, cal = self.s, self.cal
+        if (reason := self.kind.ruled_out(s.job, s.allow_processes)) is not None:
+            return reason
+        if s.cores < 2:
+            return "one core or one worker"
+        if s.main.left * cal.serial_row < MIN_PROCESS_WORK:
+            return (
+                f"the rest of the batch takes {s.main.left * cal.serial_row * 1e3:.1f} ms "
+                f"serially; worker processes cannot pay off"
+            )
+        return None
+
+    def _bytes_per_row(self) -> int:
+        """What one row costs to send through shared memory: its columns and its result."""
+        s = self.s
+        out = s.job.sink.output
+        result = out.nbytes // max(1, len(out)) if out is not None else 0
+        return s.job.rows.nbytes // max(1, s.n) + result
+
+    def _one_thread(self, ex: Executor) -> None:
+        """Serial again with torch on as many intra-op threads as each of ``ex``'s
+        workers has: when torch's own threads already spread a row over the cores,
+        the workers have nothing left to divide."""
+        s, cal, main = self.s, self.cal, self.s.main
+        intra, share = torch.get_num_threads(), ex.worker_threads()
+        if intra < 2 or share is None or share >= intra or main.left < 8:
+            return
+        rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, main.left // 8))
+
+        def block() -> float:
+            t, start = s.now(), main.done
+            main.job.run_range(start, start + rows)
+            main.done = start + rows
+            return (s.now() - t) / rows
+
+        def measure() -> float:
+            per_row = block()
+            if per_row > 1.2 * cal.serial_row:  # slower: once more before believing it,
+                per_row = min(per_row, block())  # as noise only ever slows a block down
+            return per_row
+
+        # in a thread of its own: torch's setting is per thread, and the caller's stays
+        per_row = ex.as_worker(measure)
+        cal.one_thread_row = per_row
+        cal.serial_cores = min(max(1.0, per_row / cal.serial_row), float(s.cores))
 
 
 def _load_error(exc: Exception, fn: Any, limit: float) -> FunctionLoadError:

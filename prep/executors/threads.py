@@ -24,10 +24,10 @@ place.
 from __future__ import annotations
 
 from ..core.output import Output
-from ._base import Executor, Measured, split, threads_per_worker
+from ._base import Executor, Measured, Sampling, split, threads_per_worker
 from ._batch_threads import ThreadBatches
 from ._chunks import gather
-from ._job import Job
+from ._job import BLOCK, Job
 from ._ticket import Ticket
 
 #: parts per worker of a batch: one queue, so a thread that is done first takes more;
@@ -41,6 +41,7 @@ HAND_OVER = 2e-4
 class ThreadExecutor(Executor):
     name = "threads"
     stream_workers = ("threads",)
+    pooled = True
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)
@@ -48,12 +49,38 @@ class ThreadExecutor(Executor):
         self.batches = self.engine = ThreadBatches(self.workers)
 
     @classmethod
+    def measure(cls, sample: Sampling) -> None:
+        """The thread pool itself on the next rows (about 0.1 s of serial work): its
+        speed-up over serial, as it runs, which shows how much of the function runs
+        outside the GIL. No pool divides serial time by more than its cores."""
+        s, cal, main = sample, sample.cal, sample.main
+        if cal.workers < 2 or main.left < 4 * cal.workers:
+            cal.dropped[cls.name] = "one worker, or too few rows left to measure"
+            return
+        ex = s.executor(cls.name)
+        # a new thread's first torch call sets up its own state: warm each one untimed
+        main.run(ex, min(s.n, main.done + cal.workers))
+        # about 0.1 s of serial work, at least two rows per thread, at most 8 blocks
+        rows = int(min(max(0.1 / max(cal.serial_row, 1e-9), 2 * cal.workers), 8 * BLOCK))
+        rows = min(rows, max(2 * cal.workers, main.left // 4))  # leave the most
+        start, stop = main.done, min(s.n, main.done + rows)
+        t = s.now()
+        main.run(ex, stop)
+        per_row = (s.now() - t) / max(1, stop - start)
+        if cal.serial_row > 1.2 * per_row and main.left:
+            # threads look faster: serial again, side by side, before believing it
+            s.serial_block(min(BLOCK, max(2, rows // 2)))
+            cal.serial_row = s.best_serial
+        cal.speedup[cls.name] = min(s.cores, cal.serial_row / per_row)
+
+    @classmethod
     def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
         """Serial's time over the speed-up measured on the sample, plus a hand-over of
         the parts to the threads (about 0.2 ms)."""
-        if measured.thread_speedup is None:
+        speedup = measured.speedup.get(cls.name)
+        if speedup is None:
             return None
-        return rows * measured.serial_row / max(measured.thread_speedup, 1e-9) + HAND_OVER
+        return rows * measured.serial_row / max(speedup, 1e-9) + HAND_OVER
 
     def worker_threads(self) -> int | None:
         return threads_per_worker(self.workers)
