@@ -62,11 +62,25 @@ class Sink:
             output.fail(row, self.fill)
 
     def merge(self, chunk: Output) -> None:
-        """A worker's chunk of rows into the output (made like it, if there is none)."""
+        """A worker's chunk of rows into the output (made like it, if there is none). A
+        chunk of every row, in private memory, is the output itself: no copy."""
+        if self.output is None and self._whole(chunk):
+            self.adopt(chunk)
+            return
         if self.output is None:
             self.adopt(chunk.like(self.rows, pin=self.pin))
         assert self.output is not None
         self.output.merge(chunk)
+
+    def _whole(self, chunk: Output) -> bool:
+        # a plain output (a padded one is trimmed to its rows' longest), not in shared
+        # memory (the caller's result would hold /dev/shm), and not to be pinned
+        return (
+            type(chunk) is Output
+            and chunk.offset == self.offset
+            and not self.pin
+            and all(len(b) == self.rows and not b.is_shared() for b in chunk.buffers)
+        )
 
     def advance(self, rows: int) -> None:
         """``rows`` more rows finished (written or failed): for a progress bar."""

@@ -89,10 +89,12 @@ _loading = threading.local()
 
 
 def _raw(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
-    """A small tensor that travelled inside the message."""
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+    """A small tensor that travelled inside the message: a tensor of its own (it may
+    become the caller's result as it is), its bytes copied in."""
+    t = torch.empty(shape, dtype=dtype)
+    if data:
+        ctypes.memmove(t.data_ptr(), data, len(data))
+    return t
 
 
 def _shared(
