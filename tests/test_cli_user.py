@@ -376,7 +376,10 @@ def test_no_process_holds_the_commands_stderr_after_it_exits(tmp_path):
     # would make `prep run ... 2>&1 | cat` wait. How long it takes is not this test's.
     holders = pipe_holders(inode)
     helpers = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
-    assert all(any(h in cmd for h in helpers) for cmd in holders), json.dumps(holders)
+    # an empty command line is a process caught in the middle of its exit (the kernel
+    # releases its memory, and with it the command line, before its files): ending
+    others = [cmd for cmd in holders if cmd and not any(h in cmd for h in helpers)]
+    assert not others, json.dumps(holders)
     assert wait_until(lambda: not pipe_holders(inode), timeout=30), pipe_holders(inode)
     assert proc.stderr.read() == b""  # EOF: no writer left
     proc.stderr.close()
