@@ -1,15 +1,25 @@
-"""Things a pool makes by name on first use and keeps until it closes: its
-executors (``_warm``)."""
+"""What prep keeps: things a pool makes by name on first use and keeps until it
+closes (its executors, ``_warm``), and tables that keep their newest entries
+(:func:`keep_newest`)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from .errors import ConfigError
 
-__all__ = ["Kept"]
+__all__ = ["Kept", "keep_newest"]
+
+
+def keep_newest(table: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """``table[key] = value``, as its newest entry (a dict keeps insertion order), and
+    the oldest entries dropped past ``limit``."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > limit:
+        del table[next(iter(table))]
 
 
 class _Closes(Protocol):

@@ -20,6 +20,7 @@ from typing import Any
 
 import cloudpickle
 
+from .._kept import keep_newest
 from ..core.rows import Rows
 from ..errors import ConfigError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn
@@ -141,18 +142,13 @@ class Functions:
         named = self._named.get(id(fn))
         if named is not None and named[0] is fn and named[1] in self._by_key:
             key = named[1]
-            self._by_key[key] = self._by_key.pop(key)  # the newest last
+            keep_newest(self._by_key, key, self._by_key[key], FUNCTIONS)
             return key
         blob = pickle_fn(fn)
         key = hashlib.sha1(blob).hexdigest()
         if travels_by_name(fn):
-            self._named[id(fn)] = (fn, key)
-            while len(self._named) > FUNCTIONS:
-                del self._named[next(iter(self._named))]
-        self._by_key[key] = (fn, blob)
-        self._by_key[key] = self._by_key.pop(key)  # the newest last
-        while len(self._by_key) > FUNCTIONS:
-            del self._by_key[next(iter(self._by_key))]
+            keep_newest(self._named, id(fn), (fn, key), FUNCTIONS)
+        keep_newest(self._by_key, key, (fn, blob), FUNCTIONS)
         return key
 
     def blob(self, key: str) -> bytes:

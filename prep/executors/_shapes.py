@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._kept import keep_newest
 from ..core.output import Output
 from ._fdpipe import INLINE
 from ._transport import check_shm
@@ -52,10 +53,7 @@ class Shapes:
         return like.like(rows, shared=True)
 
     def keep(self, key: Any, out: Output) -> None:
-        self._last.pop(key, None)
-        self._last[key] = out.like(0)  # the newest last
-        while len(self._last) > SHAPES:
-            del self._last[next(iter(self._last))]
+        keep_newest(self._last, key, out.like(0), SHAPES)
 
     def forget(self, key: Any) -> None:
         """A guess for ``key`` proved wrong: the next batch shapes its output again."""
@@ -80,7 +78,4 @@ class RowCosts:
     def keep(self, key: str, busy: float, rows: int) -> None:
         """A worker took ``busy`` seconds for ``rows`` rows of ``key``'s function."""
         if rows > 0:
-            self._per_row.pop(key, None)
-            self._per_row[key] = busy / rows  # the newest last
-            while len(self._per_row) > SHAPES:
-                del self._per_row[next(iter(self._per_row))]
+            keep_newest(self._per_row, key, busy / rows, SHAPES)

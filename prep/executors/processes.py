@@ -263,7 +263,7 @@ class ProcessExecutor(Executor):
         tickets = self._submit(job, key, bounds, into)
         gather(job, list(tickets), into, self.batches.abandon, crashed)
         timed = [(t.busy, t.bounds()) for t in tickets if t.busy is not None]
-        if timed:  # the slowest part's worker: what a row costs, waits included
+        if timed:  # what a row costs: the slowest part per row, its worker's busy time
             busy, (start, stop) = max(timed, key=lambda x: x[0] / max(1, x[1][1] - x[1][0]))
             costs.keep(key, busy, stop - start)
 

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._kept import keep_newest
 from .._progress import CountBar
 from ..core.options import Options
 from ..core.rows import Rows, rows_of
@@ -63,9 +64,7 @@ class Streams:
             if plan is None or plan.flavours != flavours:
                 plan = StrategyPlan(strategy, self.workers, flavours)
             if key is not None and strategy == "auto":
-                self._kept[key] = plan  # re-inserted last: the newest
-                while len(self._kept) > KEPT:
-                    del self._kept[next(iter(self._kept))]
+                keep_newest(self._kept, key, plan, KEPT)  # popped above: re-inserted newest
             plan.streams += 1
             self._latest = [p for p in self._latest if p is not plan][-(PLANS - 1) :] + [plan]
         return plan
