@@ -29,6 +29,7 @@ HANG = "a row that never returns, under timeout="
 PROCESSES = "worker processes of its own (pids other than the caller's)"
 WHOLE = "a stream's strategy='whole' (workers to give whole batches to)"
 PARTS = "a stream's strategy='split' with several batches in flight (parts on its workers)"
+TORCH_DRAWS = "a row function that draws from torch's default generator (torch.rand)"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ REFUSALS: tuple[Refusal, ...] = (
             "one call, no workers"),
     Refusal("vmap", READS_VALUES, prep.VmapUnsupported, "cannot run",
             "vmap traces the function: it has no values to read"),
+    Refusal("vmap", TORCH_DRAWS, prep.VmapUnsupported, "random operation",
+            "torch.func.vmap refuses a random op in its default randomness mode"),
     Refusal("vmap", SAMPLES, prep.ConfigError, "not on a list of samples",
             "vmap maps over a batch of tensors"),
     Refusal("vmap", PAD, prep.ConfigError, "cannot return ragged rows",
@@ -107,7 +110,7 @@ CANNOT: dict[str, dict[str, str]] = {
 
 #: every need a suite may name (STATE: no executor refuses setup= itself)
 _NEEDS = {NO_TWIN, READS_VALUES, SAMPLES, PAD, PER_ROW_ERRORS, STATE, CRASH, HANG, PROCESSES,
-          WHOLE, PARTS}  # fmt: skip
+          WHOLE, PARTS, TORCH_DRAWS}  # fmt: skip
 
 
 def refusals(executor: str, *needs: str) -> list[Refusal]:

@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 
 from .._warn import warn
+from .generators import States
+from .generators import kept as generators_kept
 from .identity import key
 from .output import Output, Spec, flatten
 from .rows import Rows, SampleRows, TensorRows
@@ -122,6 +124,8 @@ class Probe:
     results: list[Leaves | None]
     #: the rows as they were after the call (for :meth:`writes_input`)
     after: Rows | None = None
+    #: where the first results left the random generators: a second run draws on from there
+    drawn: States | None = None
     _deterministic: bool | None = field(default=None, repr=False)
 
     @classmethod
@@ -132,10 +136,12 @@ class Probe:
         ``skip`` are not run (rows that failed elsewhere: one that killed its worker
         process must never run in this one)."""
         k = min(k, len(rows))
-        kept, work = _pristine(rows, k), _pristine(rows, k)
-        if kept is None or work is None or k == 0:
+        pristine, work = _pristine(rows, k), _pristine(rows, k)
+        if pristine is None or work is None or k == 0:
             return None
-        return cls(fn, kept, [None if i in skip else _call(fn, work, i) for i in range(k)], work)
+        with generators_kept() as drawn:  # the caller's draws are not the probe's to move
+            results = [None if i in skip else _call(fn, work, i) for i in range(k)]
+        return cls(fn, pristine, results, work, drawn.end)
 
     def writes_input(self) -> int | None:
         """The first row the function changed in its input, or None."""
@@ -160,10 +166,11 @@ class Probe:
         first call failed or was skipped)."""
         work = _pristine(self.rows, len(self.rows))
         assert work is not None, "rows copied once copy again"
-        return [
-            None if first is None else _call(self.fn, work, i)
-            for i, first in enumerate(self.results)
-        ]
+        with generators_kept(self.drawn):
+            return [
+                None if first is None else _call(self.fn, work, i)
+                for i, first in enumerate(self.results)
+            ]
 
     def disagreement(
         self,

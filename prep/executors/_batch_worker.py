@@ -15,10 +15,14 @@ and prep, so prep's forkserver preloads it.
 from __future__ import annotations
 
 import pickle
+import random
 import signal
+import sys
 import time
 from multiprocessing.connection import Connection
 from typing import Any
+
+import torch
 
 from . import _fdpipe
 from ._context import follow
@@ -69,14 +73,35 @@ def run_call(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
     return ("whole", seq, started, time.monotonic(), reply)
 
 
-def main(conn: Connection, main_pid: int, threads: int) -> None:
-    """Serve whole batches until the parent says ``close`` or goes away."""
+class Seeds:
+    """This worker's generators started from its own ``seed``: torch's default CPU
+    generator and Python's ``random`` at once, numpy's global one as soon as numpy is
+    imported here (at start, or by the first row function that imports it)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        torch.random.default_generator.manual_seed(seed)  # not torch.manual_seed: no CUDA
+        random.seed(seed)
+        self.numpy = False
+        self.seed_numpy()
+
+    def seed_numpy(self) -> None:
+        np = sys.modules.get("numpy")
+        if np is not None and not self.numpy:
+            np.random.seed(self.seed % 2**32)  # numpy's legacy seeds are 32-bit
+            self.numpy = True
+
+
+def main(conn: Connection, main_pid: int, threads: int, seed: int) -> None:
+    """Serve whole batches until the parent says ``close`` or goes away; ``seed`` is
+    this worker's own (``_handles.worker_seed``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # a forked worker inherits the parent's handlers (prep run's SIGTERM raises): a
     # terminate() must end the worker, not become an exception in the unit it runs
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     limit_threads(threads)
     _watch_parent(main_pid)
+    seeds = Seeds(seed)
     fns: dict[str, Any] = {}  # key -> the function, or the error that loading it raised
     while True:
         try:
@@ -96,6 +121,7 @@ def main(conn: Connection, main_pid: int, threads: int) -> None:
                 fns[key] = exc
             while len(fns) > KEEP:
                 del fns[next(iter(fns))]
+            seeds.seed_numpy()  # the function's module may have imported it
             continue
         fn = fns.get(msg[2])
         if fn is None or isinstance(fn, BaseException):

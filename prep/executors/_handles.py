@@ -4,14 +4,33 @@ the shared-memory names a killed one left behind."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import math
 import os
 import select
 import signal
 from typing import Any
 
+import torch
+
 from ..errors import ExecutorUnavailable
 from . import _batch_worker
+
+#: the number of each worker this process starts, in order: a worker's seed is made from it
+_numbers = itertools.count()
+
+
+def worker_seed(number: int) -> int:
+    """The seed of this process's worker number ``number``: a digest of torch's default
+    generator's state (read, not drawn from, so the caller's next draws stay as they
+    were) and the number. Two workers never share one; a caller that seeds torch the
+    same way starts its workers from the same seeds again. (A forked worker would
+    otherwise keep its parent's generators, and every worker from prep's forkserver
+    the server's: the same draws in every worker.)"""
+    digest = hashlib.blake2b(torch.random.get_rng_state().numpy().tobytes(), digest_size=8)
+    digest.update(number.to_bytes(8, "little"))
+    return int.from_bytes(digest.digest(), "little") >> 1  # under 2**63: torch's limit
 
 
 class Worker:
@@ -21,7 +40,7 @@ class Worker:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
             target=_batch_worker.main,
-            args=(child, os.getpid(), threads),
+            args=(child, os.getpid(), threads, worker_seed(next(_numbers))),
             daemon=True,
             name="prep-worker",
         )

@@ -8,8 +8,10 @@ have room for them.
 from __future__ import annotations
 
 import functools
+import io
 import pickle
 import shutil
+import types
 from typing import Any
 
 import cloudpickle
@@ -29,11 +31,35 @@ def describe_fn(fn: Any) -> str:
     return f"{getattr(fn, '__module__', None) or '?'}.{name}"
 
 
+def named_code(make: Any, args: tuple[Any, ...], filename: str) -> types.CodeType:
+    """A code object as cloudpickle rebuilds it, with the file it was written in."""
+    return make(*args).replace(co_filename=filename)
+
+
+#: cloudpickle's reduction of a code object, which writes "<dynamic-code>" for its file
+_code_reduce = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, keeping the file name of each function sent by value: a worker's
+    traceback then names the user's file and line, as serial's does, not
+    "<dynamic-code>"."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType and _code_reduce is not None:
+            make, args = _code_reduce(obj)
+            return named_code, (make, args, obj.co_filename)
+        return super().reducer_override(obj)
+
+
 def pickle_fn(fn: Any) -> bytes:
     """The row function as workers load it: by name where they can import it, by
-    value (cloudpickle) where they cannot. Tensors it captures travel as copies."""
+    value (cloudpickle, keeping its file name) where they cannot. Tensors it captures
+    travel as copies."""
     try:
-        return cloudpickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+        buf = io.BytesIO()
+        _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(fn)
+        return buf.getvalue()
     except Exception as exc:
         raise ConfigError(
             f"executor='processes' must send the row function {describe_fn(fn)} to its "
@@ -41,6 +67,17 @@ def pickle_fn(fn: Any) -> bytes:
             f"something it captures: a lock, an open file, a module-level client) must be "
             f"picklable, or use executor='threads'"
         ) from exc
+
+
+class ByValue:
+    """``fn`` for another pickler (loky's): it travels as :func:`pickle_fn`'s bytes, its
+    file names kept, and arrives as the function itself."""
+
+    def __init__(self, fn: Any) -> None:
+        self.blob = pickle_fn(fn)
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        return pickle.loads, (self.blob,)
 
 
 def shm_free() -> int | None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
-import pickle
 import re
 import time
 from typing import Any
@@ -30,7 +29,7 @@ from ._chunks import ChunkMerge
 from ._context import Follower
 from ._isolation import Isolation
 from ._job import Job
-from ._transport import pickle_fn
+from ._transport import ByValue
 
 
 class JoblibExecutor(Executor):
@@ -87,7 +86,8 @@ class JoblibExecutor(Executor):
         # does not pay for it at start-up
         from loky.process_executor import TerminatedWorkerError
 
-        pool, ctx, fn, policy = self._started(job), self._follower.now(), job.fn, job.policy
+        pool, ctx, policy = self._started(job), self._follower.now(), job.policy
+        fn = ByValue(job.fn)  # as processes sends it: a traceback names the user's file
         run = _worker.run_chunk_as_caller
         futures = {
             pool.submit(run, ctx, fn, job.rows.take(a, b), a, b, policy): (a, b) for a, b in chunks
@@ -118,9 +118,6 @@ class JoblibExecutor(Executor):
                 exitcode=_exit_code(str(exc)),
                 rows=(a, b),
             ) from exc
-        except pickle.PicklingError:
-            pickle_fn(fn)  # the function's own error, as processes words it (ConfigError)
-            raise  # the rows, then
         except cf.TimeoutError as exc:
             self.close(kill=True)  # a worker stuck in a hung row holds its core: kill them all
             raise job.timed_out(

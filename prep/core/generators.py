@@ -1,0 +1,57 @@
+"""The process's global random generators (torch's default CPU generator, Python's
+``random``, numpy's global one where numpy is imported): what prep runs in the
+caller's process on its own account draws from them, and leaves them as it found them."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class States:
+    """The generators' states at one moment (numpy's: None where it is not imported)."""
+
+    torch: torch.Tensor
+    random: Any
+    numpy: Any
+
+    @classmethod
+    def now(cls) -> States:
+        numpy = sys.modules.get("numpy")
+        state = numpy.random.get_state() if numpy is not None else None
+        return cls(torch.random.get_rng_state(), random.getstate(), state)
+
+    def restore(self) -> None:
+        torch.random.set_rng_state(self.torch)
+        random.setstate(self.random)
+        if self.numpy is not None:
+            sys.modules["numpy"].random.set_state(self.numpy)
+
+
+class Kept:
+    """Where a :func:`kept` block left the generators (:attr:`end`, once it ended)."""
+
+    end: States | None = None
+
+
+@contextlib.contextmanager
+def kept(start: States | None = None) -> Iterator[Kept]:
+    """The generators' states, put back once the block ends: a check that runs the row
+    function again in the caller (serial's reference rows) must not move the draws the
+    user's own code makes next. ``start``: the block draws from there (where an
+    earlier block ended, so that a second run of a random function draws anew)."""
+    before, block = States.now(), Kept()
+    if start is not None:
+        start.restore()
+    try:
+        yield block
+    finally:
+        block.end = States.now()
+        before.restore()
