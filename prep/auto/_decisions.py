@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .._choose import choose
 from . import wisdom
 from ._figures import KEEP
 from .calibration import Calibration
@@ -88,10 +89,7 @@ class Decisions:
         names = cal.candidates()
         if not names:
             return "serial"
-        best = min(names, key=cal.cost)
-        if cal.choice in names and cal.cost(cal.choice) <= cal.cost(best) * HYSTERESIS:
-            return cal.choice
-        return best
+        return choose({n: cal.cost(n) for n in names}, cal.choice, HYSTERESIS).name
 
     def observe(self, name: str, seconds: float, rows: int) -> None:
         """A batch of ``rows`` rows took ``seconds`` with ``name``; choose again. The first

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from .._choose import choose
 from ..core.trust import same
 from ..executors import available_cores, threads_per_worker
 
@@ -108,7 +109,7 @@ def decide(f: ShardFigures, cores: int | None = None) -> ShardPlan:
     pool = f.pool_start + f.shards * max(pooled, io)
     rows = min(here, pool)
     predicted = {"shards": shards, "rows": rows}
-    if f.workers > 1 and f.shards > 1 and shards <= rows * ROWS_MARGIN:
+    if f.workers > 1 and f.shards > 1 and choose(predicted, "shards", ROWS_MARGIN).name == "shards":
         reason = (
             f"{f.shards} shard(s) on {f.workers} worker processes, a whole shard each, "
             f"rows {f.form}, {threads} thread(s) each, are predicted to take {shards:.2f} s "

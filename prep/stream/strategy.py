@@ -27,10 +27,12 @@ The figures are rates in rows per second, each the median over a few batches:
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._choose import choose
 from ..errors import ConfigError
 from ..registry import EXECUTORS, executor_class
 
@@ -140,7 +142,8 @@ def choose_strategy(
         return StrategyChoice(
             "whole", f"whole batches{on}: {whole:,.0f} rows/s ({detail})", flavour
         )
-    if whole >= split * margin:
+    seconds = {"split": _per_row(split), "whole": _per_row(whole)}
+    if choose(seconds, "split", margin).name == "whole":  # seconds a row, each way
         return StrategyChoice(
             "whole",
             f"whole batches{on}: {whole:,.0f} rows/s ({detail}), {whole / split:.2f}x "
@@ -152,6 +155,10 @@ def choose_strategy(
         f"splitting each batch: {split:,.0f} rows/s; whole batches{on}: {whole:,.0f} rows/s "
         f"({detail}), under {margin:.2f}x that",
     )
+
+
+def _per_row(rate: float) -> float:
+    return 1 / rate if rate > 0 else math.inf
 
 
 def choose_among(figures: dict[str, StrategyFigures], margin: float = MARGIN) -> StrategyChoice:
