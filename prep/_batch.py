@@ -61,7 +61,7 @@ def _staging(given: Output | None, rows: Rows, device: torch.device | None) -> O
         raise ConfigError(
             f"out= lives on {given.buffers[0].device} but the batch on {home}; move one of them"
         )
-    return given.like(pin=device is not None and device.type == "cuda")
+    return given.like(pin=device is not None and device.type == "cuda", device="cpu")
 
 
 def _returned(

@@ -347,3 +347,14 @@ def test_a_forked_childs_close_leaves_the_parents_workers_alone():
         time.sleep(0.3)  # a "close" sent down the parent's pipes would have been obeyed
         assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
         assert pool._get("processes").pids == workers  # the same workers, never stopped
+
+
+def test_an_output_made_like_a_chunk_stays_on_the_chunks_device():
+    # a thread's chunk of a GPU batch made the batch's output on the CPU (found on a GPU
+    # machine: threads on a CUDA batch); meta tensors show the device without one
+    from prep.core.output import Output
+
+    chunk = Output(("leaf",), [torch.empty(2, 3, device="meta")])  # type: ignore[arg-type]
+    assert chunk.like(5).buffers[0].device.type == "meta"
+    assert chunk.like(5, device="cpu").buffers[0].device.type == "cpu"
+    assert chunk.like(5).buffers[0].shape == (5, 3)

@@ -156,10 +156,19 @@ class Output:
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers)
 
-    def like(self, rows: int | None = None, *, pin: bool = False, shared: bool = False) -> Output:
-        """Empty CPU buffers shaped like these, with ``rows`` rows (default: as many): a
-        staging area, or the batch's output made from a worker's chunk."""
-        return Output(self.spec, _empty_like(self.buffers, rows, pin, shared), self.first_row)
+    def like(
+        self,
+        rows: int | None = None,
+        *,
+        pin: bool = False,
+        shared: bool = False,
+        device: torch.device | str | None = None,
+    ) -> Output:
+        """Empty buffers shaped like these, with ``rows`` rows (default: as many), on each
+        buffer's own device (``device``: on that one; ``shared``: in CPU shared
+        memory): the batch's output made from a worker's chunk, or a staging area."""
+        made = _empty_like(self.buffers, rows, pin, shared, device)
+        return Output(self.spec, made, self.first_row)
 
     @functools.cached_property
     def _layout(self) -> list[tuple[torch.Size, torch.dtype]]:
@@ -326,12 +335,20 @@ def shared_empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
     return torch.empty(0, dtype=dtype).set_(storage).view(dtype).view(tuple(shape))
 
 
-def _empty_like(buffers: list[Tensor], rows: int | None, pin: bool, shared: bool) -> list[Tensor]:
+def _empty_like(
+    buffers: list[Tensor],
+    rows: int | None,
+    pin: bool,
+    shared: bool,
+    device: torch.device | str | None,
+) -> list[Tensor]:
     made = []
     for b in buffers:
         shape = b.shape if rows is None else (rows, *b.shape[1:])
         if shared:
             made.append(shared_empty(shape, b.dtype))
-        else:
-            made.append(torch.empty(shape, dtype=b.dtype, pin_memory=pin))
+            continue
+        where = torch.device(device) if device is not None else b.device
+        pinned = pin and where.type == "cpu"  # a CUDA thread's chunk is not pinned: it is there
+        made.append(torch.empty(shape, dtype=b.dtype, device=where, pin_memory=pinned))
     return made

@@ -248,11 +248,16 @@ class PaddedOutput(Output):
             self.failed.pop(i - self.offset, None)  # else finish() would fill it again
 
     def like(
-        self, rows: int | None = None, *, pin: bool = False, shared: bool = False
+        self,
+        rows: int | None = None,
+        *,
+        pin: bool = False,
+        shared: bool = False,
+        device: torch.device | str | None = None,
     ) -> PaddedOutput:
         """As :meth:`Output.like`, padded as this one is (a staging area for ``out=``
         elsewhere keeps ``pad=``)."""
-        plain = super().like(rows, pin=pin, shared=shared)
+        plain = super().like(rows, pin=pin, shared=shared, device=device)
         return PaddedOutput(
             self.spec, plain.buffers, self.first_row, 0, list(zip(self.pads, self.fixed))
         )
