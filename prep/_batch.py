@@ -20,6 +20,7 @@ from .core.output import Output, Result
 from .core.padding import given_padded
 from .core.policy import Failures, Policy
 from .core.rows import Rows
+from .core.rowwise import twin_of
 from .core.trust import check_named
 from .errors import ConfigError, RowError
 from .executors import Executor, Job, copy_rows
@@ -42,13 +43,18 @@ def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> A
     if result is None:
         raise _no_shape(n, job.sink.failures, policy)
     check_named(  # serial is the reference: the first batch of each function, once
-        ex, fn, rows, result, other_interpreter=ex.needs_processes, twin=ex.batched_twin(fn),
+        ex, fn, rows, result, other_interpreter=ex.traits.needs_processes, twin=_twin(ex, fn),
         failed=job.sink.failures.rows(),
     )  # fmt: skip
     result.finish()
     if job.sink.failures:
         job.sink.failures.warn(n, policy)
     return _returned(job, result, given, device, options.returns)
+
+
+def _twin(ex: Executor, fn: Callable[..., Any]) -> Any:
+    """The batched twin ``ex`` called in place of ``fn`` (None: it called ``fn``)."""
+    return twin_of(fn) if ex.traits.calls_twin else None
 
 
 def _staging(given: Output | None, rows: Rows, device: torch.device | None) -> Output | None:

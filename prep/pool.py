@@ -40,7 +40,7 @@ def runnable_here(executor: str) -> str:
     """The executor to run here: one that starts processes cannot inside a DataLoader
     worker (daemonic processes may not have children), so threads run instead."""
     global _warned_fallback
-    if not executor_class(executor).needs_processes or not in_worker_process():
+    if not executor_class(executor).traits.needs_processes or not in_worker_process():
         return executor
     if not _warned_fallback:
         _warned_fallback = True

@@ -67,5 +67,5 @@ __all__ = ["AUTO", "EXECUTORS", "IN_WORKERS", "executor_class", "in_caller", "ma
 
 
 def in_caller() -> tuple[str, ...]:
-    """The executors that run every row in the calling thread (``Executor.in_caller``)."""
-    return tuple(name for name, cls in EXECUTORS.items() if cls.in_caller)
+    """The executors that run every row in the calling thread (``Executor.traits.in_caller``)."""
+    return tuple(name for name, cls in EXECUTORS.items() if cls.traits.in_caller)

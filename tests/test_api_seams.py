@@ -77,7 +77,7 @@ print(os.getpid(), flush=True)
 input()  # the test looks for processes here, after the import
 prep.map_rows(torch.neg, torch.ones(8, 1), executor="processes", workers=2)
 warm = prep.pool.SHARED.pool("processes", 2)._warm
-print(len(warm.get("processes").pids), flush=True)
+print(len(warm.get("processes").engine.pids), flush=True)
 """
 
 
@@ -137,7 +137,7 @@ def test_shutdown_closes_the_shared_pools_and_the_next_call_makes_new_ones(no_le
 def test_auto_shares_the_executors_of_its_pool():
     with prep.Pool("auto", workers=2) as pool:
         auto = pool._get("auto")
-        assert auto.executor("threads") is pool._get("threads")
+        assert auto._get("threads") is pool._get("threads")
 
 
 # ------------------------------------------------------------------ one options type
@@ -349,3 +349,17 @@ def test_every_module_keeps_its_size(module):
             lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
             limit = 200 if isinstance(node, ast.ClassDef) else 60
             assert lines <= limit, f"{module}: {node.name} is {lines} lines"
+
+
+@pytest.mark.parametrize("name", sorted(prep.EXECUTORS))
+def test_an_executor_is_run_and_close_and_little_else(name):
+    """The ``concurrent.futures`` shape: ``run`` and ``close``, the workers, the engine
+    that ``submit``s units, ``release`` and the kind's traits; what auto asks of a kind
+    is its cost model (``prep.auto.models``), not the executor's."""
+    cls = prep.EXECUTORS[name]
+    members = {m for m in dir(cls) if not m.startswith("_") and m != "name"}
+    members |= {m for m in vars(cls(1)) if not m.startswith("_")}
+    # auto's own report: the choice of each signature, which explain() and Pool.choices read
+    contract = {"workers", "traits", "engine", "run", "close", "release"}
+    assert members - contract <= ({"choices"} if name == "auto" else set()), members
+    assert len(members - {"choices"}) <= 6

@@ -181,13 +181,15 @@ def test_a_twin_that_does_not_win_outright_has_the_pools_measured_next_batch():
 
 @pytest.mark.skipif(not TWO_CORES, reason="processes are left out on one core")
 def test_processes_start_after_a_few_batches_in_a_pool(monkeypatch):
-    from prep.executors.processes import ProcessExecutor
+    from prep.auto.models import ProcessesModel
 
     # a pool that costs 0.3 s to start (injected) loses one 64-row batch of 5 ms rows
     # (0.32 s serially, about 0.16 s on two processes) but pays for itself over three
-    started = ProcessExecutor.start_cost
+    started = ProcessesModel.start_cost
     monkeypatch.setattr(
-        ProcessExecutor, "start_cost", lambda self: 0.3 if not self.started else started(self)
+        ProcessesModel,
+        "start_cost",
+        classmethod(lambda cls, ex: 0.3 if not ex.engine.started else started(ex)),
     )
     x = torch.arange(64.0).view(64, 1)
     with prep.Pool("auto", workers=2) as pool:
@@ -262,21 +264,23 @@ def test_rows_that_are_nan_under_serial_agree_with_vmap_at_every_check(monkeypat
 
 @pytest.mark.skipif(not TWO_CORES, reason="processes are left out on one core")
 def test_with_the_forkserver_up_a_pool_starts_during_the_first_batch(monkeypatch):
-    from prep.executors.processes import ProcessExecutor
+    from prep.auto.models import ProcessesModel
 
     # with prep's forkserver up, workers start in milliseconds (injected: how many is
     # the machine's call): the rest of the first batch already runs on them
     prep.map_rows(rowfns.affine, torch.ones(2, 1), executor="processes", workers=2)
-    started = ProcessExecutor.start_cost
+    started = ProcessesModel.start_cost
     monkeypatch.setattr(
-        ProcessExecutor, "start_cost", lambda self: 0.001 if not self.started else started(self)
+        ProcessesModel,
+        "start_cost",
+        classmethod(lambda cls, ex: 0.001 if not ex.engine.started else started(ex)),
     )
     x = torch.arange(48.0).view(48, 1)
     with prep.Pool("auto", workers=2) as pool:
         assert torch.equal(pool.map_rows(gil_5ms, x), x)
         (cal,) = pool._get("auto").choices().values()
         assert "processes" in cal.started and cal.choice == "processes", str(cal)
-        assert len(pool._get("auto").executor("processes").pids) == 2
+        assert len(pool._get("auto")._get("processes").engine.pids) == 2
         assert torch.equal(pool.map_rows(gil_5ms, x), x)
     assert "processes" in cal.observed, str(cal)  # the second batch ran on them, timed
 
@@ -381,7 +385,7 @@ def test_inside_a_dataloader_worker_a_kept_choice_with_processes_is_measured_aga
         (again,) = pool._get("auto").choices().values()
         assert again is not cal and "processes" not in again.predicted, str(again)
         assert "DataLoader worker" in again.dropped["processes"]
-        assert not pool._get("auto").executor("processes").pids  # never started here
+        assert not pool._get("auto")._get("processes").engine.pids  # never started here
 
 
 # ------------------------------------------------------------ decisions, from numbers
@@ -557,7 +561,7 @@ def test_batches_of_a_few_rows(rows):
 def test_a_new_lambda_for_every_batch_does_not_pile_up(monkeypatch):
     import prep.auto
 
-    monkeypatch.setattr(prep.auto.AutoExecutor, "SIGNATURES", 5)
+    monkeypatch.setattr(prep.auto.executor, "SIGNATURES", 5)
     x = torch.randn(16, 3)
     with prep.Pool("auto", workers=2) as pool:
         for k in range(12):
@@ -570,8 +574,8 @@ def test_a_new_lambda_for_every_batch_does_not_pile_up(monkeypatch):
 
 
 class InProcessPool(prep.executors.Executor):
-    """A stand-in for worker processes that has only the executor contract: auto must
-    weigh it, start it (prepare) and run it, never knowing its class."""
+    """A stand-in for worker processes that has only the executor contract (and its
+    cost model, below): auto must weigh it, start it and run it, never knowing its class."""
 
     name = "processes"
 
@@ -579,13 +583,6 @@ class InProcessPool(prep.executors.Executor):
         super().__init__(workers)
         self.prepared: list[object] = []
         self.runs = 0
-
-    def start_cost(self) -> float | None:
-        return 0.0 if self.prepared else 0.001
-
-    def prepare(self, fn, timeout=None) -> float:
-        self.prepared.append(fn)
-        return 0.001
 
     def run(self, job):
         self.runs += 1
@@ -604,6 +601,23 @@ def test_auto_starts_and_runs_any_executor_through_the_contract(monkeypatch):
         clock[0] += 1e-3  # 1 ms a row on the clock calibration reads: exact anywhere
         return row * 2 + 0 * int(row[0])
 
+    from prep.auto.models import MODELS, ProcessesModel
+
+    class InProcessModel(ProcessesModel):  # what starting the stand-in costs, and doing it
+        @classmethod
+        def start_cost(cls, ex):
+            return 0.0 if ex.prepared else 0.001
+
+        @classmethod
+        def dispatch_cost(cls, ex):
+            return 0.0
+
+        @classmethod
+        def prepare(cls, ex, fn, timeout):
+            ex.prepared.append(fn)
+            return 0.001
+
+    monkeypatch.setitem(MODELS, "processes", InProcessModel)
     monkeypatch.setattr(prep.auto.Sample, "now", lambda self: clock[0])
     made: dict[str, prep.executors.Executor] = {}
 
@@ -766,19 +780,24 @@ def test_auto_calibrating_leaves_a_vmap_in_another_thread_alone():
 
 
 def test_auto_weighs_every_executor_that_estimates_a_batch(monkeypatch):
-    """auto holds no formula of its own: each executor of the registry estimates a
-    batch from the figures (``Executor.estimate``), and a new one is weighed and
-    chosen with no change to auto. Here one estimates a tenth of serial's time."""
+    """auto holds no formula of its own: each executor's cost model estimates a batch
+    from the figures (``CostModel.estimate``), and a new one is weighed and chosen with
+    no change to auto: one module in the registry, one model in the table. Here one
+    estimates a tenth of serial's time."""
     from prep.auto import AutoExecutor
+    from prep.auto.models import MODELS, CostModel
     from prep.executors import REGISTRY, Job, SerialExecutor
+
+    class TenthModel(CostModel):
+        name = "tenth"
+
+        @classmethod
+        def estimate(cls, cal, rows, cores):
+            return rows * cal.serial_row / 10
 
     class Tenth(SerialExecutor):
         name = "tenth"
         ran = 0
-
-        @classmethod
-        def estimate(cls, measured, rows, cores):
-            return rows * measured.serial_row / 10
 
         def run(self, job):
             type(self).ran += len(job.rows) - job.start
@@ -788,6 +807,7 @@ def test_auto_weighs_every_executor_that_estimates_a_batch(monkeypatch):
         return row * 2 + 1 + 0 * row[0].item()
 
     monkeypatch.setitem(REGISTRY, "tenth", Tenth)
+    monkeypatch.setitem(MODELS, "tenth", TenthModel)
     x = torch.arange(64.0).view(32, 2)
     with AutoExecutor(workers=1) as auto:
         chosen = []
@@ -803,15 +823,19 @@ def test_auto_weighs_every_executor_that_estimates_a_batch(monkeypatch):
 
 
 def test_auto_has_each_executor_measure_itself_and_names_none(monkeypatch):
-    """auto holds no measuring step of any executor: each one of the registry measures
-    itself on the sample (``Executor.measure``, its rows written into the output like
-    every row auto runs), keeps its figure under its name, and estimates a batch from
-    it; its class says what role it plays (a pool must win by ``POOL_MARGIN``). A new
-    pool is measured, weighed, explained and chosen with no change to auto."""
+    """auto holds no measuring step of any executor: each one's cost model measures it
+    on the sample (``CostModel.measure``, its rows written into the output like every
+    row auto runs), keeps its figure under its name, and estimates a batch from it; the
+    model says what role it plays (a pool must win by ``POOL_MARGIN``). A new pool is
+    measured, weighed, explained and chosen with no change to auto."""
     from prep.auto import POOL_MARGIN, AutoExecutor
+    from prep.auto.models import MODELS, CostModel
     from prep.executors import REGISTRY, Job, SerialExecutor
 
     class Quarter(SerialExecutor):  # a pool in all but its workers
+        name = "quarter"
+
+    class QuarterModel(CostModel):
         name = "quarter"
         pooled = True
         measured: list[int] = []
@@ -838,27 +862,33 @@ def test_auto_has_each_executor_measure_itself_and_names_none(monkeypatch):
         return row * 2 + 1 + 0 * first
 
     monkeypatch.setitem(REGISTRY, "quarter", Quarter)
+    monkeypatch.setitem(MODELS, "quarter", QuarterModel)
     x = torch.arange(128.0).view(64, 2)
     with AutoExecutor(workers=1) as auto:
         out = auto.run(Job.new(slow, prep.core.rows.rows_of(x)))
         assert out is not None and torch.equal(out.buffers[0], x * 2 + 1)
         (cal,) = auto.choices().values()
-        assert calls[0] == len(x) and Quarter.measured == [4], str(cal)  # once a row
+        assert calls[0] == len(x) and QuarterModel.measured == [4], str(cal)  # once a row
         assert cal.predicted["quarter"] == pytest.approx(cal.predicted["serial"] / 4)
         assert cal.cost("quarter") == pytest.approx(cal.predicted["quarter"] * POOL_MARGIN)
         assert cal.choice == "quarter" and "quarter run 4.00x serial" in str(cal), str(cal)
         auto.run(Job.new(slow, prep.core.rows.rows_of(x)))  # settled: not measured again
-    assert Quarter.measured == [4] and "quarter" in cal.observed, str(cal)
+    assert QuarterModel.measured == [4] and "quarter" in cal.observed, str(cal)
 
 
 def test_an_executor_that_costs_a_start_waits_for_rent_or_buy_whatever_its_name(monkeypatch):
+    from prep.auto.models import MODELS, CostModel
     from prep.executors import REGISTRY, Executor
 
     class Rented(Executor):
         name = "rented"
+
+    class RentedModel(CostModel):
+        name = "rented"
         pooled = rent_or_buy = True
 
     monkeypatch.setitem(REGISTRY, "rented", Rented)
+    monkeypatch.setitem(MODELS, "rented", RentedModel)
     d = _cal(serial=0.100, rented=0.040)
     assert d.cal.choice == "serial" and d.cal.to_start() == ["rented"]
     assert d.plan_start("rented", 0.02, 100)  # 20 ms to start, 54 ms saved on this batch

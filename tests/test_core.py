@@ -104,7 +104,7 @@ def test_zero_rows(executor):
     x = torch.empty(0, 4)
     out = torch.empty(0, 4)
     assert run(rowfns.affine, x, executor, out=out) is out
-    if not prep.EXECUTORS[executor].per_row:
+    if not prep.EXECUTORS[executor].traits.per_row:
         assert run(rowfns.affine, x, executor).shape == (0, 4)
     else:
         with pytest.raises(ValueError, match="0 rows.*out="):
@@ -328,7 +328,7 @@ def test_two_threads_first_calls_build_one_executor(no_leaks):
             t.start()
         for t in threads:
             t.join(60)
-        assert len(pool._warm.made()) == 1 and len(pool._get("processes").pids) == 2
+        assert len(pool._warm.made()) == 1 and len(pool._get("processes").engine.pids) == 2
         assert all(torch.equal(v, x * 2 + 1) for v in got.values()) and len(got) == 2
 
 
@@ -338,7 +338,7 @@ def test_a_forked_childs_close_leaves_the_parents_workers_alone():
     x = torch.arange(8.0).view(8, 1)
     with prep.Pool("processes", workers=2) as pool:
         pool.map_rows(rowfns.affine, x)
-        workers = pool._get("processes").pids
+        workers = pool._get("processes").engine.pids
         pid = os.fork()
         if pid == 0:  # the child: its copy of the pool is closed (and garbage-collected)
             pool.close()
@@ -346,7 +346,7 @@ def test_a_forked_childs_close_leaves_the_parents_workers_alone():
         os.waitpid(pid, 0)
         time.sleep(0.3)  # a "close" sent down the parent's pipes would have been obeyed
         assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
-        assert pool._get("processes").pids == workers  # the same workers, never stopped
+        assert pool._get("processes").engine.pids == workers  # the same workers, never stopped
 
 
 def test_an_output_made_like_a_chunk_stays_on_the_chunks_device():

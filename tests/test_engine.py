@@ -42,7 +42,7 @@ def test_a_process_pool_runs_map_rows_and_streams_on_the_same_workers(no_leaks):
                 seen |= worker_pids(got)
         collate = pool.map_samples(lambda s: pid_row(s), list(x))
         seen |= worker_pids(collate)
-        workers = set(pool._get("processes").pids)
+        workers = set(pool._get("processes").engine.pids)
         assert len(workers) == 2 and workers == set(pool._streams.whole_workers("processes").pids)
     assert seen <= workers and os.getpid() not in seen
 
@@ -62,7 +62,7 @@ def test_a_thread_pool_runs_map_rows_and_streams_on_the_same_threads():
         for strategy in ("split", "whole"):
             for got in pool.imap(named, [x] * 3, strategy=strategy):
                 assert torch.equal(got, x * 2)
-        threads = {t.name for t in pool._get("threads").batches._threads}
+        threads = {t.name for t in pool._get("threads").engine._threads}
     assert len(threads) == 2 and names <= threads
 
 
@@ -81,7 +81,7 @@ def test_a_crash_under_fill_is_isolated_on_the_same_workers(no_leaks, workers):
     x = torch.arange(6.0).view(6, 1)
     with prep.Pool("processes", workers=workers) as pool:
         pool.map_rows(rowfns.affine, x)
-        before = len(pool._get("processes").pids)
+        before = len(pool._get("processes").engine.pids)
         with pytest.warns(RuntimeWarning, match="1 of 6 rows failed"):
             out, valid = pool.map_rows(
                 rowfns.suicide, x, on_error="fill", fill=-1, return_valid=True
@@ -89,7 +89,7 @@ def test_a_crash_under_fill_is_isolated_on_the_same_workers(no_leaks, workers):
         want = torch.stack([r if int(r[0]) != 1 else torch.full_like(r, -1.0) for r in x])
         assert torch.equal(out, want)
         assert valid.tolist() == [True, False, True, True, True, True]
-        assert len(pool._get("processes").pids) == before  # no second pool
+        assert len(pool._get("processes").engine.pids) == before  # no second pool
 
 
 def test_a_worker_found_dead_while_sending_is_replaced(no_leaks, monkeypatch):
@@ -100,7 +100,7 @@ def test_a_worker_found_dead_while_sending_is_replaced(no_leaks, monkeypatch):
     x = torch.arange(8.0).view(8, 1)
     with prep.Pool("processes", workers=2) as pool:
         pool.map_rows(rowfns.affine, x)
-        lanes = pool._get("processes").batches._lanes
+        lanes = pool._get("processes").engine._lanes
         proc = lanes.all[0].worker.proc
         os.kill(proc.pid, signal.SIGKILL)
         assert wait_until(lambda: not proc.is_alive(), 10)
@@ -153,13 +153,13 @@ def test_auto_stops_a_process_pool_no_function_may_use_any_more(tmp_path, monkey
         (cal,) = pool.choices()
         assert "processes" in cal.dropped
         processes = pool._get("processes")
-        assert processes.pids == [], "the dropped pool's workers are still up"
+        assert processes.engine.pids == [], "the dropped pool's workers are still up"
         # a later batch on them starts them again
         from prep.executors import Job
 
         out = processes.run(Job.new(torch.neg, rows))
         assert out is not None and torch.equal(out.buffers[0], -x)
-        assert len(processes.pids) == 2
+        assert len(processes.engine.pids) == 2
 
 
 def test_prep_forkserver_ends_without_finalizing_torch():
@@ -203,9 +203,9 @@ def test_map_rows_on_processes_sends_light_rows_whole_to_one_worker(no_leaks, pe
     x = torch.arange(32.0).view(16, 2)
     with prep.Pool("processes", workers=2) as pool:
         ex = pool._get("processes")
-        key = ex.batches.prepare(pid_row)
+        key = ex.engine.prepare(pid_row)
         for _ in range(3):
-            ex.batches.costs.keep(key, busy=per_row * 16, rows=16)
+            ex.engine.costs.keep(key, busy=per_row * 16, rows=16)
             out = pool.map_rows(pid_row, x)
             assert torch.equal(out[:, :2], x)
             assert len(worker_pids(out)) == parts

@@ -121,7 +121,7 @@ def _script(body: str) -> list[str]:
         if __name__ == "__main__":
             pool = prep.Pool("processes", workers=2)
             pool.map_rows(rowfns.affine, torch.ones(4, 1))
-            print(" ".join(map(str, pool._get("processes").pids)), flush=True)
+            print(" ".join(map(str, pool._get("processes").engine.pids)), flush=True)
     """) + textwrap.indent(textwrap.dedent(body), "    ")
     return [sys.executable, "-c", code]
 
@@ -268,7 +268,7 @@ def test_a_worker_that_died_while_idle_is_replaced(no_leaks):
     x = torch.arange(8.0).view(8, 1)
     with prep.Pool("processes", workers=2) as pool:
         pool.map_rows(rowfns.affine, x)
-        worker = pool._get("processes").batches._lanes.all[0].worker
+        worker = pool._get("processes").engine._lanes.all[0].worker
         os.kill(worker.proc.pid, signal.SIGKILL)
         # the parent learns of the death from the forkserver a moment after the kill
         assert wait_until(lambda: not worker.proc.is_alive(), 10)

@@ -39,6 +39,17 @@ def reads(row: torch.Tensor) -> torch.Tensor:
     return row * 2 + 1 if int(row[0]) >= 0 else row
 
 
+def _draws_batch(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1 + 0 * torch.rand(x.shape)
+
+
+@prep.rowwise(batched=_draws_batch)
+def draws(row: torch.Tensor) -> torch.Tensor:
+    """A draw from torch's generator that changes no value: every executor's rows can
+    be compared with a loop's."""
+    return row * 2 + 1 + 0 * torch.rand(row.shape)
+
+
 X = torch.arange(12.0).view(4, 3)
 
 #: need -> a call that needs it and nothing else the registry lists, and its loop
@@ -58,6 +69,10 @@ CASES: dict[str, tuple[Callable[[str], Any], Callable[[], Any]]] = {
     registry.PAD: (
         lambda ex: prep.map_rows(twin, X, executor=ex, workers=2, pad=0),
         lambda: refs.loop(twin, list(X), pad=0),
+    ),
+    registry.TORCH_DRAWS: (
+        lambda ex: prep.map_rows(draws, X, executor=ex, workers=2),
+        lambda: refs.loop(draws, list(X)),
     ),
     registry.PER_ROW_ERRORS: (
         lambda ex: prep.map_rows(twin, X, executor=ex, workers=2, on_error="fill"),

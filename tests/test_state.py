@@ -126,10 +126,10 @@ def test_collate_passes_setup():
 def test_auto_counts_setup_once_a_worker_in_a_pools_start(monkeypatch):
     """setup= measured at 2 s (injected) makes a pool's start 2 x 2 s more, and explain
     says so; the start itself is injected too, so the test does not depend on speed."""
+    from prep.auto.models import ProcessesModel
     from prep.core.state import WorkerState
-    from prep.executors.processes import ProcessExecutor
 
-    monkeypatch.setattr(ProcessExecutor, "start_cost", lambda self: 0.3)
+    monkeypatch.setattr(ProcessesModel, "start_cost", classmethod(lambda cls, ex: 0.3))
     real_get = WorkerState.get
 
     def slow_get(self):

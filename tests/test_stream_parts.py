@@ -232,4 +232,4 @@ def test_the_ring_lends_again_buffers_of_several_sizes(no_leaks):
     with prep.Pool("processes", workers=2) as pool:
         for x in (small, large, small, large, large, small):
             assert torch.equal(pool.map_rows(rowfns.affine, x), x * 2 + 1)
-        assert len(pool._get("processes").batches._ring._idle) >= 2
+        assert len(pool._get("processes").engine._ring._idle) >= 2

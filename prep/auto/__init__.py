@@ -2,7 +2,7 @@
 
 * :mod:`.calibrator` measures (on the first batch of a signature, writing every
   row it runs into the output), through each executor's own steps
-  (``Executor.measure``: auto names no executor, it asks the registry);
+  (``CostModel.measure``: auto names no executor, it asks the registry);
 * :mod:`._figures` holds the figures, :mod:`.calibration` is the report a user
   reads (:mod:`._explain` writes it out), and :mod:`._decisions` takes every
   decision from the figures;

@@ -3,24 +3,27 @@
 left, and tell whether it beat serial by more than the cores could.
 
 Which form a job has, how it is tried on a first batch and checked on a later one,
-is the form's own (``Executor.ruled_out``, ``first_batch``, ``still_agrees``, beside
-the executor): nothing here knows a form by its name."""
+is the form's own (its cost model's ``ruled_out``, ``first_batch``, ``still_agrees``,
+in :mod:`.models`): nothing here knows a form by its name."""
 
 from __future__ import annotations
 
 import math
 
-from ..executors import REGISTRY, Executor, Job
+from ..executors import REGISTRY, Job
+from ._cost import CostModel
 from ._sample import Sample
 
 
-def batched_form(job: Job, allow_processes: bool) -> type[Executor] | None:
+def batched_form(job: Job, allow_processes: bool) -> type[CostModel] | None:
     """The batched form auto tries on ``job``: the first of the registry's batched
     forms not ruled out for it (a twin the user wrote comes before vmap)."""
+    from .models import model  # the table of models names these forms' own
+
     forms = (
-        kind
-        for kind in REGISTRY.values()
-        if not kind.per_row and kind.ruled_out(job, allow_processes) is None
+        model(name)
+        for name, kind in REGISTRY.items()
+        if not kind.traits.per_row and model(name).ruled_out(job, allow_processes) is None
     )
     return next(forms, None)
 

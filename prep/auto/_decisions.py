@@ -12,7 +12,7 @@ numbers a test chooses:
   choice and never run is run once, on a whole batch, and judged by its time
   (the calibration's short slices can be wrong, a batch is not);
 * :meth:`Decisions.plan_start`: rent or buy an executor that costs a start (a
-  process pool: ``Executor.rent_or_buy``), with its start-up measured on this
+  process pool: ``CostModel.rent_or_buy``), with its start-up measured on this
   machine: start it once the batches so far would have saved what starting it
   costs (never more than about twice the best in hindsight);
 * :meth:`Decisions.drop`: an executor that cannot run here is taken out, with

@@ -4,9 +4,9 @@ of what happened to them (:class:`EventLog`). The decisions taken from them are
 :class:`~prep.auto._decisions.Decisions`'; the report a user reads is
 :class:`~prep.auto.Calibration`.
 
-What an executor measured of itself is kept under its name (each fills its own,
-``Executor.measure``), and what role an executor plays (a pool, one auto rents or
-buys) is its class's word (:func:`role`): no executor is named here."""
+What an executor measured of itself is kept under its name (each cost model fills its
+own), and what role an executor plays (a pool, one auto rents or buys) is its cost
+model's word (:func:`.models.model`): no executor is named here."""
 
 from __future__ import annotations
 
@@ -15,21 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..executors import REGISTRY, Executor
+from .models import model
 
-#: a pool (``Executor.pooled``) is chosen over the rest only when predicted this much
+#: a pool (``CostModel.pooled``) is chosen over the rest only when predicted this much
 #: faster (the calibration's slices vary by 10-20% on a busy machine); ties go to no pool
 POOL_MARGIN = 1.15
 #: observed batch times kept per executor (their median is the figure)
 KEEP = 8
 #: events kept for ``explain``
 EVENTS = 8
-
-
-def role(name: str) -> type[Executor]:
-    """The class of the executor of that name, whose attributes say what role it plays
-    (the contract's defaults for a name not in the registry)."""
-    return REGISTRY.get(name, Executor)
 
 
 class EventLog:
@@ -85,6 +79,7 @@ class Figures:
     #: seconds a whole batch of ``rows`` rows is predicted to take, per executor (a
     #: figure for a started executor: starting it is ``start``)
     predicted: dict[str, float] = field(default_factory=dict)
+
     #: seconds whole batches took, per executor, scaled to ``rows`` rows
     observed: dict[str, list[float]] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)
@@ -118,16 +113,16 @@ class Figures:
     def cost(self, name: str) -> float:
         """:meth:`figure`, counted with ``POOL_MARGIN`` for a pool never observed."""
         # an unobserved pool has to save more than measurement noise to take the cores
-        margin = POOL_MARGIN if role(name).pooled and not self.observed.get(name) else 1.0
+        margin = POOL_MARGIN if model(name).pooled and not self.observed.get(name) else 1.0
         return self.figure(name) * margin
 
     def candidates(self) -> list[str]:
         """Executors auto may run now (one it rents or buys only once started and loaded)."""
-        return [n for n in self.predicted if not role(n).rent_or_buy or n in self.started]
+        return [n for n in self.predicted if not model(n).rent_or_buy or n in self.started]
 
     def to_start(self) -> list[str]:
         """Executors predicted that auto rents or buys and has not started."""
-        return [n for n in self.predicted if role(n).rent_or_buy and n not in self.started]
+        return [n for n in self.predicted if model(n).rent_or_buy and n not in self.started]
 
     def would_save(self, name: str, rows: int) -> float:
         """Seconds ``name``, once started, would save over the best other executor on
@@ -172,4 +167,4 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-__all__ = ["EVENTS", "KEEP", "POOL_MARGIN", "EventLog", "Figures", "role"]
+__all__ = ["EVENTS", "KEEP", "POOL_MARGIN", "EventLog", "Figures"]

@@ -9,6 +9,7 @@ from typing import Any
 from ..executors import REGISTRY, Job
 from . import wisdom
 from ._decisions import Decisions
+from .models import model
 
 
 class Memory:
@@ -35,8 +36,8 @@ class Memory:
             return None
         d = Decisions.from_wisdom(entry, self.workers, job.policy.describe())
         d.wisdom_key = wkey
-        for name, kind in REGISTRY.items():  # each executor's own word
-            if (reason := kind.ruled_out(job, allow)) is not None:
+        for name in REGISTRY:  # each executor's own word
+            if (reason := model(name).ruled_out(job, allow)) is not None:
                 d.drop(name, reason)
         return d
 

@@ -2,9 +2,9 @@
 
 A :class:`Sample` is what every measurement step shares: the job (its rows, its
 output, its deadline), the executors by name, the :class:`Calibration` being
-filled, and a :class:`Cursor` over the rows already in the output. It is what
-:class:`~prep.executors.Sampling` describes: each executor measures itself on it
-(``Executor.measure``). Serial is timed here (:meth:`Sample.serial`) because
+filled, and a :class:`Cursor` over the rows already in the output. Each executor's
+cost model measures itself on it (``prep.auto.models``). Serial is timed here
+(:meth:`Sample.serial`) because
 every other figure is relative to it.
 """
 
@@ -20,7 +20,8 @@ import torch
 from ..core.output import Output
 from ..core.rows import Rows
 from ..errors import ExecutorUnavailable
-from ..executors import BLOCK, Executor, Job, RowCursor, available_cores
+from ..executors import BLOCK, Executor, Job, available_cores
+from ._cost import RowCursor
 from .calibration import Calibration
 
 #: calibration stops adding serial rows once this much time was spent
@@ -44,7 +45,7 @@ def run_tolerant(ex: Executor, job: Job) -> Output | None:
     """``ex.run(job)``; a batched form under ``on_error='fill'``/``'skip'`` runs as one
     strict call, and if that fails the rows run one by one in this thread, so a
     failing row fails alone (a batch with a bad row is no reason to re-calibrate)."""
-    if ex.per_row or not job.policy.per_row_errors:
+    if ex.traits.per_row or not job.policy.per_row_errors:
         return ex.run(job)
     try:
         return ex.run(job.strict())

@@ -2,13 +2,12 @@
 serial's word first.
 
 Which executors auto starts only once that pays is each one's own word
-(``Executor.rent_or_buy``). When the figures say a started one pays
+(``CostModel.rent_or_buy``). When the figures say a started one pays
 (:meth:`Decisions.plan_start`), it starts before the batch; while what starting
 it costs is not known yet (prep's forkserver, which imports torch, has not run in
 this interpreter), the executor warms up in the background while the batches go
-on. Everything here goes through the executor contract
-(:class:`~prep.executors.Executor`'s ``start_cost``, ``warm_up``, ``prepare``),
-never an executor's class or name.
+on. Everything here goes through the executor's cost model (``start_cost``,
+``warm_up``, ``prepare``: :mod:`.models`), never an executor's class or name.
 
 Before the workers are used for a function, they must have loaded it; the first
 batch they run is then compared, on a few rows, with serial's results here
@@ -28,8 +27,8 @@ from ..core.trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
 from ..executors import Executor, Job
 from ._decisions import Decisions
-from ._figures import role
 from ._sample import now
+from .models import model
 
 #: seconds of CPU prep's forkserver is taken to cost (it imports torch) before it has
 #: started once in this interpreter and been measured: 0.7-2.5 s on 2-core machines here.
@@ -49,25 +48,25 @@ class Starter:
         """Start what pays before this batch (rent or buy); child processes only where
         ``allow`` (not inside a DataLoader worker)."""
         for name in d.cal.to_start():
-            if allow or not role(name).needs_processes:
+            if allow or not self._get(name).traits.needs_processes:
                 self._plan(d, name, job)
 
     def _plan(self, d: Decisions, name: str, job: Job) -> None:
         cal = d.cal
         ex = self._get(name)
         rows = len(job.rows) - job.start
-        start = ex.start_cost()
+        start = model(name).start_cost(ex)
         # each new worker builds its own state first: setup=, once per worker, counted
         # as the CPU time it takes (a 2 s model on two workers is 4 s to win back)
         cal.setup_seconds = setup_seconds(job.fn)
         setup = cal.setup_seconds * self.workers
         if start is None:  # not known before it has warmed up: warm it, in the background
-            failed = ex.start_failure()
+            failed = model(name).start_failure()
             if failed:
                 d.drop(name, f"its workers could not start here ({failed})")
             elif (
-                d.plan_warm_up(name, (ex.warm_up_cost() or SERVER_PRIOR) + setup, rows)
-                and ex.warm_up()
+                d.plan_warm_up(name, (model(name).warm_up_cost() or SERVER_PRIOR) + setup, rows)
+                and model(name).warm_up()
             ):
                 cal.events.note(
                     f"batch {cal.batches + 1}: prep's forkserver starting in the background "
@@ -85,7 +84,7 @@ class Starter:
             return
         d.probe = (job, probe)  # compared with the workers' rows of this very batch
         try:
-            took = ex.prepare(job.fn, job.remaining())
+            took = model(name).prepare(ex, job.fn, job.remaining())
         except ExecutorUnavailable as exc:
             with self._lock:
                 d.drop(name, f"its workers could not load the function: {exc}")

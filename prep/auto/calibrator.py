@@ -39,10 +39,10 @@ vmap try costs those few rows once more):
 
 The sample and serial's timing are in :mod:`._sample`, what follows a batched
 form's run in :mod:`._batched`; the steps 2-4 are each executor's own, beside it
-(``Executor.first_batch`` and ``still_agrees`` for a batched form,
-``Executor.measure`` for the rest), so this module runs them in order, over the
+(``CostModel.first_batch`` and ``still_agrees`` for a batched form,
+``CostModel.measure`` for the rest), so this module runs them in order, over the
 registry, and names none. What a whole batch would take is each executor's own
-estimate from these figures (``Executor.estimate``: the formulas above).
+estimate from these figures (``CostModel.estimate``: the formulas above).
 No pool is measured for a batch under 2 ms of serial work. What the calibrator
 finds is a prediction; :class:`~prep.auto.AutoExecutor` then times
 every batch it runs and lets the measured figures decide.
@@ -55,6 +55,7 @@ from ._batched import BatchedForms, batched_form
 from ._decisions import Decisions
 from ._sample import Sample
 from .calibration import Calibration
+from .models import model
 
 #: seconds of serial work for a whole batch below which no pool is measured: a thread
 #: pool's dispatch costs a few tenths of a millisecond
@@ -105,8 +106,8 @@ class Calibrator:
             forms.run_rest(batched.name)
             return self._finish(t0)
         if not self._too_light_for_pools():
-            for kind in REGISTRY.values():  # each measures itself (the pools do)
-                kind.measure(s)
+            for name in REGISTRY:  # each measures itself (the pools do)
+                model(name).measure(s)
         if batched and s.main.left:
             forms.run_rest(batched.name)
         return self._finish(t0)
@@ -131,10 +132,10 @@ class Calibrator:
 
     def _finish(self, t0: float) -> Calibration:
         # predicted for a whole batch of this size: the choice is kept for the next ones
-        # each executor estimates its own batch from the figures (Executor.estimate)
+        # each executor's cost model estimates its own batch (CostModel.estimate)
         s, cal = self.sample, self.cal
-        for name, kind in REGISTRY.items():
-            if (seconds := kind.estimate(cal, s.n, s.cores)) is not None:
+        for name in REGISTRY:
+            if (seconds := model(name).estimate(cal, s.n, s.cores)) is not None:
                 cal.predicted[name] = seconds
         cal.choice = self.decisions.best()
         cal.sample = self.done

@@ -27,10 +27,9 @@ from typing import Any
 from .._warn import warn
 from ..core.output import Output
 from ..errors import ExecutorUnavailable
-from ..executors import REGISTRY, Executor, Job, in_worker_process
+from ..executors import REGISTRY, Executor, Job, Traits, in_worker_process
 from ._batched import batched_form
 from ._decisions import Decisions
-from ._figures import role
 from ._memory import Memory
 from ._sample import Sample, now, on_cuda, run_tolerant
 from ._starter import Starter
@@ -38,6 +37,13 @@ from .calibration import Calibration, signature
 from .calibrator import Calibrator
 
 __all__ = ["AutoExecutor"]
+
+
+#: choices kept per signature, for as many batch sizes more than 4x apart
+SIZES = 4
+#: signatures kept; past this the oldest is forgotten (a loop that makes a new
+#: lambda for every batch would otherwise keep them all, and every function)
+SIGNATURES = 64
 
 
 class AutoExecutor(Executor):
@@ -56,12 +62,7 @@ class AutoExecutor(Executor):
     name = "auto"
     # a stream tries whole batches on threads (no transport: they win where the rows
     # release the GIL) and on processes (the DataLoader's shape, for the rest)
-    stream_workers = ("threads", "processes")
-    #: choices kept per signature, for as many batch sizes more than 4x apart
-    SIZES = 4
-    #: signatures kept; past this the oldest is forgotten (a loop that makes a new
-    #: lambda for every batch would otherwise keep them all, and every function)
-    SIGNATURES = 64
+    traits = Traits(stream_workers=("threads", "processes"))
 
     def __init__(
         self,
@@ -74,7 +75,7 @@ class AutoExecutor(Executor):
         self._choices: dict[Any, tuple[Any, list[Decisions]]] = {}
         self._lock = threading.Lock()
         self._warned: set[str] = set()
-        self._starter = Starter(self.executor, self.workers, self._lock)
+        self._starter = Starter(self._get, self.workers, self._lock)
         self._memory = Memory(self.workers, self._lock)
 
     def _make(self, name: str) -> Executor:
@@ -83,10 +84,6 @@ class AutoExecutor(Executor):
             if ex is None:
                 ex = self._own[name] = REGISTRY[name](self.workers)
             return ex
-
-    def executor(self, name: str) -> Executor:
-        """The executor of that name that auto measures and runs."""
-        return self._get(name)
 
     def close(self) -> None:
         with self._lock:
@@ -104,10 +101,10 @@ class AutoExecutor(Executor):
     def _keep(self, key: Any, fn: Any, new: Decisions, old: Decisions | None) -> None:
         with self._lock:
             _, kept = self._choices.get(key, (None, []))
-            kept = [c for c in kept if c is not old][-(self.SIZES - 1) :] + [new]
+            kept = [c for c in kept if c is not old][-(SIZES - 1) :] + [new]
             self._choices.pop(key, None)  # re-inserted last: the newest
             self._choices[key] = (fn, kept)
-            while len(self._choices) > self.SIGNATURES:
+            while len(self._choices) > SIGNATURES:
                 del self._choices[next(iter(self._choices))]
 
     def choices(self) -> dict[Any, Calibration]:
@@ -125,7 +122,11 @@ class AutoExecutor(Executor):
             return self._get(form.name if form else "serial").run(job)
         key = signature(job.fn, job.rows, job.sink.pin, job.policy)
         d = self._kept(key, n)
-        if d is not None and not allow and any(role(p).needs_processes for p in d.cal.predicted):
+        if (
+            d is not None
+            and not allow
+            and any(REGISTRY[p].traits.needs_processes for p in d.cal.predicted)
+        ):
             d = None  # a choice made where processes were allowed: measure again here
         if d is None and (d := self._memory.recall(job, allow)) is not None:
             self._keep(key, job.fn, d, None)
@@ -174,7 +175,7 @@ class AutoExecutor(Executor):
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
         cal, start, cuda = d.cal, job.start, on_cuda(job.rows)
         # rows computed in another interpreter are compared with serial's, once
-        check = role(name).needs_processes and name not in d.checked
+        check = self._get(name).traits.needs_processes and name not in d.checked
         probe = self._starter.probe_for(d, job) if check else None
         t = now(cuda)
         try:

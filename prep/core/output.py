@@ -156,14 +156,8 @@ class Output:
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers)
 
-    def like(
-        self,
-        rows: int | None = None,
-        *,
-        pin: bool = False,
-        shared: bool = False,
-        device: torch.device | str | None = None,
-    ) -> Output:
+    def like(self, rows: int | None = None, *, pin: bool = False, shared: bool = False,
+             device: torch.device | str | None = None) -> Output:  # fmt: skip
         """Empty buffers shaped like these, with ``rows`` rows (default: as many), on each
         buffer's own device (``device``: on that one; ``shared``: in CPU shared
         memory): the batch's output made from a worker's chunk, or a staging area."""

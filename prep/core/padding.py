@@ -247,14 +247,8 @@ class PaddedOutput(Output):
         with self.lock:
             self.failed.pop(i - self.offset, None)  # else finish() would fill it again
 
-    def like(
-        self,
-        rows: int | None = None,
-        *,
-        pin: bool = False,
-        shared: bool = False,
-        device: torch.device | str | None = None,
-    ) -> PaddedOutput:
+    def like(self, rows: int | None = None, *, pin: bool = False, shared: bool = False,
+             device: torch.device | str | None = None) -> PaddedOutput:  # fmt: skip
         """As :meth:`Output.like`, padded as this one is (a staging area for ``out=``
         elsewhere keeps ``pad=``)."""
         plain = super().like(rows, pin=pin, shared=shared, device=device)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from ._base import (
     Executor,
-    Measured,
-    RowCursor,
-    Sampling,
+    Traits,
     available_cores,
     copy_rows,
     first_error,
@@ -25,17 +23,19 @@ from ._base import (
 from ._batch_threads import ThreadBatches
 from ._batches import ProcessBatches
 from ._chunks import ChunkMerge
+from ._daemons import on_intra_op_threads
 from ._fdpipe import INLINE
 from ._job import BLOCK, Job
 from ._shapes import PART_WORK, RowCosts, Shapes
 from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
 from ._ticket import Ticket
-from ._transport import shm_fits, shm_free
+from ._transport import describe_fn, pickle_fn, shm_fits, shm_free
+from ._worker import identity as noop_row
 from .joblib_loky import JoblibExecutor
 from .processes import ProcessExecutor
 from .serial import SerialExecutor
 from .threads import ThreadExecutor
-from .vectorized import VectorizedExecutor, VmapExecutor
+from .vectorized import VectorizedExecutor, VmapExecutor, vmap_of
 
 REGISTRY: dict[str, type[Executor]] = {
     cls.name: cls
@@ -57,20 +57,24 @@ __all__ = [
     "ChunkMerge",
     "Executor",
     "Job",
-    "Measured",
     "ProcessBatches",
     "PART_WORK",
     "RowCosts",
-    "RowCursor",
-    "Sampling",
     "Shapes",
     "ThreadBatches",
     "Ticket",
+    "Traits",
+    "VectorizedExecutor",
+    "VmapExecutor",
     "available_cores",
     "copy_rows",
+    "describe_fn",
     "first_error",
     "fork_is_safe",
     "in_worker_process",
+    "noop_row",
+    "on_intra_op_threads",
+    "pickle_fn",
     "resolve_workers",
     "server_running",
     "shm_fits",
@@ -79,5 +83,6 @@ __all__ = [
     "start_costs",
     "start_method",
     "threads_per_worker",
+    "vmap_of",
     "warm_up",
 ]

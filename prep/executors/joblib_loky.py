@@ -24,7 +24,7 @@ from ..core.output import Output
 from ..core.policy import ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
-from ._base import Executor, first_error, iter_chunks, threads_per_worker
+from ._base import Executor, Traits, first_error, iter_chunks, threads_per_worker
 from ._chunks import ChunkMerge
 from ._context import Follower
 from ._isolation import Isolation
@@ -34,8 +34,8 @@ from ._transport import ByValue
 
 class JoblibExecutor(Executor):
     name = "joblib"
-    needs_processes = True
-    stream_workers = ("processes",)  # loky's workers take tasks, not streams: prep's do
+    # loky's workers take tasks, not streams: prep's do
+    traits = Traits(needs_processes=True, stream_workers=("processes",))
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)

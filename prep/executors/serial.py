@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..core.output import Output
-from ._base import Executor, Measured
+from ._base import Executor, Traits
 from ._job import Job
 
 
@@ -15,14 +15,10 @@ class SerialExecutor(Executor):
     """
 
     name = "serial"
-    in_caller = True
+    traits = Traits(in_caller=True)
 
     def __init__(self, workers: int | None = 1) -> None:
         super().__init__(workers)
-
-    @classmethod
-    def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
-        return rows * measured.serial_row
 
     def run(self, job: Job) -> Output | None:
         job.run_range(job.start, len(job.rows))

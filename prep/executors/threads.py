@@ -24,69 +24,29 @@ place.
 from __future__ import annotations
 
 from ..core.output import Output
-from ._base import Executor, Measured, Sampling, split, threads_per_worker
+from ._base import Executor, Traits, split
 from ._batch_threads import ThreadBatches
 from ._chunks import gather
-from ._job import BLOCK, Job
+from ._job import Job
 from ._ticket import Ticket
 
 #: parts per worker of a batch: one queue, so a thread that is done first takes more;
 #: each part costs a hand-over between threads (2 a worker was 10% faster than 4 on 64
 #: rows of 128x128 matmuls, and than the executor before it)
 PARTS = 2
-#: seconds handing a batch's parts to the threads and back adds, as auto counts it
-HAND_OVER = 2e-4
 
 
 class ThreadExecutor(Executor):
     name = "threads"
-    stream_workers = ("threads",)
-    pooled = True
+    traits = Traits(stream_workers=("threads",))
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)
         #: the threads: this executor's batches, and a stream's (``Executor.engine``)
-        self.batches = self.engine = ThreadBatches(self.workers)
-
-    @classmethod
-    def measure(cls, sample: Sampling) -> None:
-        """The thread pool itself on the next rows (about 0.1 s of serial work): its
-        speed-up over serial, as it runs, which shows how much of the function runs
-        outside the GIL. No pool divides serial time by more than its cores."""
-        s, cal, main = sample, sample.cal, sample.main
-        if cal.workers < 2 or main.left < 4 * cal.workers:
-            cal.dropped[cls.name] = "one worker, or too few rows left to measure"
-            return
-        ex = s.executor(cls.name)
-        # a new thread's first torch call sets up its own state: warm each one untimed
-        main.run(ex, min(s.n, main.done + cal.workers))
-        # about 0.1 s of serial work, at least two rows per thread, at most 8 blocks
-        rows = int(min(max(0.1 / max(cal.serial_row, 1e-9), 2 * cal.workers), 8 * BLOCK))
-        rows = min(rows, max(2 * cal.workers, main.left // 4))  # leave the most
-        start, stop = main.done, min(s.n, main.done + rows)
-        t = s.now()
-        main.run(ex, stop)
-        per_row = (s.now() - t) / max(1, stop - start)
-        if cal.serial_row > 1.2 * per_row and main.left:
-            # threads look faster: serial again, side by side, before believing it
-            s.serial_block(min(BLOCK, max(2, rows // 2)))
-            cal.serial_row = s.best_serial
-        cal.speedup[cls.name] = min(s.cores, cal.serial_row / per_row)
-
-    @classmethod
-    def estimate(cls, measured: Measured, rows: int, cores: int) -> float | None:
-        """Serial's time over the speed-up measured on the sample, plus a hand-over of
-        the parts to the threads (about 0.2 ms)."""
-        speedup = measured.speedup.get(cls.name)
-        if speedup is None:
-            return None
-        return rows * measured.serial_row / max(speedup, 1e-9) + HAND_OVER
-
-    def worker_threads(self) -> int | None:
-        return threads_per_worker(self.workers)
+        self.engine = ThreadBatches(self.workers)
 
     def close(self) -> None:
-        self.batches.close()
+        self.engine.close()
 
     def run(self, job: Job) -> Output | None:
         n, first = len(job.rows), job.start
@@ -103,7 +63,7 @@ class ThreadExecutor(Executor):
     def _parts(self, job: Job, bounds: list[tuple[int, int]], into: Output | None) -> None:
         """Rows ``bounds`` on the threads, written into ``into`` or merged into ``job.sink``
         in order as they come back; the lowest row's error raised once all are back."""
-        tickets = self.batches.submit_parts(
+        tickets = self.engine.submit_parts(
             job.fn, job.rows, job.policy, job.remaining(), bounds, into
         )
         for ticket in tickets:

@@ -36,7 +36,7 @@ from ..core.output import Output
 from ..core.policy import Policy
 from ..core.rows import Rows
 from ..errors import StackError
-from ..executors import ChunkMerge, Executor, Job, Shapes, Ticket, first_error
+from ..executors import ChunkMerge, Executor, Job, Shapes, Ticket, Traits, first_error
 from .strategy import StrategyPlan
 
 __all__ = ["DeliveredParts", "DeliveredProcessParts", "split_taken"]
@@ -68,7 +68,7 @@ class DeliveredParts(Executor):
         or fail alone (``pad=``, ``on_error=``: their parts come back as chunks)."""
         if not policy.plain:
             return None
-        return self.shapes.guess((self.key, rows.layout()), len(rows), self.needs_processes)
+        return self.shapes.guess((self.key, rows.layout()), len(rows), self.traits.needs_processes)
 
     def take(self, tickets: list[Ticket]) -> DeliveredParts:
         self.tickets = tickets  # one stream's producer thread is its only caller
@@ -110,7 +110,7 @@ class DeliveredProcessParts(DeliveredParts):
     """Parts built in worker processes: another interpreter than serial's."""
 
     name = "split processes"
-    needs_processes = True
+    traits = Traits(needs_processes=True)
 
 
 def split_taken(plan: StrategyPlan, tickets: list[Ticket], took: float) -> None:

@@ -53,7 +53,7 @@ MARGIN = 1.05
 
 def _independent(flavour: str) -> bool:
     """Whether the workers of ``flavour`` share no lock (processes; threads share the GIL)."""
-    return flavour in EXECUTORS and executor_class(flavour).needs_processes
+    return flavour in EXECUTORS and executor_class(flavour).traits.needs_processes
 
 
 def check_strategy(strategy: object, executor: str, workers: int, prefetch: int) -> str:
@@ -65,9 +65,9 @@ def check_strategy(strategy: object, executor: str, workers: int, prefetch: int)
             f"'split' runs each batch across all workers, 'whole' gives each worker whole "
             f"batches (as a DataLoader does), 'auto' measures both on the stream"
         )
-    flavours = executor_class(executor).stream_workers
+    flavours = executor_class(executor).traits.stream_workers
     if strategy == "whole" and not flavours:
-        some = " or ".join(repr(n) for n, c in EXECUTORS.items() if c.stream_workers)
+        some = " or ".join(repr(n) for n, c in EXECUTORS.items() if c.traits.stream_workers)
         raise ConfigError(
             f"strategy='whole' gives each worker whole batches, but executor={executor!r} "
             f"has no workers to give them to; use executor={some}, or strategy='split'"

@@ -74,7 +74,7 @@ class Streams:
         run (as a DataLoader's prefetch_factor=2 does), else two."""
         if prefetch is not None:
             return check_prefetch(prefetch)
-        kinds = executor_class(executor).stream_workers
+        kinds = executor_class(executor).traits.stream_workers
         whole = strategy in ("whole", "auto") and bool(kinds) and self.workers > 1
         return 2 * self.workers if whole else 2
 
@@ -95,9 +95,9 @@ class Streams:
         """A stream of ``call(batch)`` (the pool's map_rows/map_samples with ``options``)
         for split batches; whole ones through the workers, finished by ``finish``
         (``options.progress``: a bar of batches)."""
-        flavours = executor_class(executor).stream_workers
+        flavours = executor_class(executor).traits.stream_workers
         if in_worker_process():  # a DataLoader worker cannot have children
-            kept = tuple(f for f in flavours if not executor_class(f).needs_processes)
+            kept = tuple(f for f in flavours if not executor_class(f).traits.needs_processes)
             flavours = kept or ((IN_WORKERS,) if flavours else ())
         prefetch = self.prefetch(prefetch, strategy, executor)
         strategy = check_strategy(strategy, executor, self.workers, prefetch)

@@ -20,7 +20,7 @@ from ..core.output import Output
 from ..core.policy import Policy
 from ..core.rows import Rows, SampleRows, rows_of
 from ..errors import WorkerCrashed
-from ..executors import Executor, Job, Ticket, split
+from ..executors import Executor, Job, Ticket, Traits, split
 from ..registry import executor_class
 from .delivery import Delivery
 from .parts import DeliveredParts, DeliveredProcessParts, split_taken
@@ -67,7 +67,7 @@ class _DeliveredProcesses(_Delivered):
     """Whole batches built in worker processes: another interpreter than serial's."""
 
     name = "whole processes"
-    needs_processes = True
+    traits = Traits(needs_processes=True)
 
 
 def _whole_taken(plan: StrategyPlan, flavour: str, tickets: list[Ticket], took: float) -> None:
@@ -87,7 +87,7 @@ class _Sender:
     def __init__(self, workers: Any, fn: Any, isolate: Callable[[str], Executor]) -> None:
         self.workers = workers
         self.key = workers.prepare(fn)
-        other = executor_class(workers.name).needs_processes  # another interpreter's rows
+        other = executor_class(workers.name).traits.needs_processes  # another interpreter's rows
         kind = _DeliveredProcesses if other else _Delivered
         self.delivered = kind(functools.partial(isolate, workers.name))
 
@@ -158,7 +158,7 @@ class Submitter:
         sender = self._sender(self.parts)
         if self.delivered_parts is None:
             resubmit = functools.partial(self._submit_parts, guess=False)
-            other = executor_class(self.parts).needs_processes
+            other = executor_class(self.parts).traits.needs_processes
             kind = DeliveredProcessParts if other else DeliveredParts
             isolate = functools.partial(self.isolate, self.parts)
             self.delivered_parts = kind(isolate, resubmit, sender.workers.shapes, sender.key)

@@ -1,0 +1,228 @@
+"""auto's model of each kind of executor: how it measures itself on auto's sample,
+what it estimates a batch takes, what starting it costs, and what role it plays
+(a pool, one auto rents or buys). One table, :data:`MODELS`, by executor name, beside
+the registry: adding an executor is one module in ``prep/executors`` plus, if auto
+should weigh it, one model here. An executor without a model is one auto never
+weighs (the contract's defaults: :class:`CostModel`).
+
+The executors themselves know none of this (``concurrent.futures`` keeps no cost
+model in its ``Executor`` either): a model takes the executor auto runs, where it
+needs its workers, as an argument.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..core.rows import TensorRows
+from ..errors import BatchTimeout, ConfigError, FunctionLoadError, WorkerCrashed
+from ..executors import (
+    BLOCK,
+    Executor,
+    Job,
+    describe_fn,
+    noop_row,
+    on_intra_op_threads,
+    pickle_fn,
+    server_running,
+    shm_fits,
+    shm_free,
+    start_costs,
+    threads_per_worker,
+    warm_up,
+)
+from ._cost import CostModel, Measured, Sampling, T
+from ._forms import VectorizedModel, VmapModel
+from ._prediction import Prediction
+
+#: seconds handing a batch's parts to the threads and back adds, as auto counts it
+HAND_OVER = 2e-4
+#: bytes a second a batch's rows and results cross shared memory at, as auto counts it
+SHM_BYTES_PER_SECOND = 4e9
+#: seconds a worker may take to load the row function (importing its modules)
+LOAD_TIMEOUT = 120.0
+
+
+class SerialModel(CostModel):
+    name = "serial"
+
+    @classmethod
+    def estimate(cls, cal: Measured, rows: int, cores: int) -> float | None:
+        return rows * cal.serial_row
+
+
+class ThreadsModel(CostModel):
+    name = "threads"
+    pooled = True
+
+    @classmethod
+    def measure(cls, sample: Sampling) -> None:
+        """The thread pool itself on the next rows (about 0.1 s of serial work): its
+        speed-up over serial, as it runs, which shows how much of the function runs
+        outside the GIL. No pool divides serial time by more than its cores."""
+        s, cal, main = sample, sample.cal, sample.main
+        if cal.workers < 2 or main.left < 4 * cal.workers:
+            cal.dropped[cls.name] = "one worker, or too few rows left to measure"
+            return
+        ex = s.executor(cls.name)
+        # a new thread's first torch call sets up its own state: warm each one untimed
+        main.run(ex, min(s.n, main.done + cal.workers))
+        # about 0.1 s of serial work, at least two rows per thread, at most 8 blocks
+        rows = int(min(max(0.1 / max(cal.serial_row, 1e-9), 2 * cal.workers), 8 * BLOCK))
+        rows = min(rows, max(2 * cal.workers, main.left // 4))  # leave the most
+        start, stop = main.done, min(s.n, main.done + rows)
+        t = s.now()
+        main.run(ex, stop)
+        per_row = (s.now() - t) / max(1, stop - start)
+        if cal.serial_row > 1.2 * per_row and main.left:
+            # threads look faster: serial again, side by side, before believing it
+            s.serial_block(min(BLOCK, max(2, rows // 2)))
+            cal.serial_row = s.best_serial
+        cal.speedup[cls.name] = min(s.cores, cal.serial_row / per_row)
+
+    @classmethod
+    def estimate(cls, cal: Measured, rows: int, cores: int) -> float | None:
+        """Serial's time over the speed-up measured on the sample, plus a hand-over of
+        the parts to the threads (about 0.2 ms)."""
+        speedup = cal.speedup.get(cls.name)
+        if speedup is None:
+            return None
+        return rows * cal.serial_row / max(speedup, 1e-9) + HAND_OVER
+
+
+class ProcessesModel(CostModel):
+    """Predicted, never started just to be measured (:class:`._prediction.Prediction`):
+    auto starts the pool once that pays (rent or buy)."""
+
+    name = "processes"
+    pooled = True
+    rent_or_buy = True
+
+    @classmethod
+    def ruled_out(cls, job: Job, processes_allowed: bool) -> str | None:
+        return None if processes_allowed else "inside a DataLoader worker (no child processes)"
+
+    @classmethod
+    def measure(cls, sample: Sampling) -> None:
+        Prediction(sample, cls).run()
+
+    @classmethod
+    def estimate(cls, cal: Measured, rows: int, cores: int) -> float | None:
+        """Serial's work (what a row spread over ``serial_cores`` cores) shared by the
+        cores, plus the dispatch and the copy through shared memory."""
+        dispatch = cal.dispatch.get(cls.name)
+        if dispatch is None:
+            return None
+        copy = rows * cal.bytes_per_row / SHM_BYTES_PER_SECOND
+        work = rows * cal.serial_row * cal.serial_cores / cores
+        return work + dispatch + copy
+
+    @classmethod
+    def start_cost(cls, ex: Executor) -> float | None:
+        """0 when it runs, the workers' start (measured here) when prep's forkserver is
+        up, None before the server was measured (``warm_up``)."""
+        if ex.engine.started:
+            return 0.0
+        costs = start_costs()
+        if not server_running() or costs.worker is None:
+            return None
+        return costs.worker * ex.workers
+
+    @classmethod
+    def warm_up(cls) -> bool:
+        return warm_up()
+
+    @classmethod
+    def warm_up_cost(cls) -> float | None:
+        return start_costs().server
+
+    @classmethod
+    def start_failure(cls) -> str | None:
+        return start_costs().failed
+
+    @classmethod
+    def unsuitable(cls, ex: Executor, job: Job, nbytes: int) -> str | None:
+        if job.rows.device.type != "cpu":
+            return "the batch is on a GPU"
+        try:
+            pickle_fn(job.fn)
+        except ConfigError:
+            return "the function cannot be pickled"
+        if not shm_fits(nbytes):
+            return (
+                f"the batch and its result need {nbytes / 2**20:.0f} MB of shared memory, "
+                f"/dev/shm has {(shm_free() or 0) / 2**20:.0f} MB free"
+            )
+        return None
+
+    @classmethod
+    def dispatch_cost(cls, ex: Executor) -> float:
+        """Measured on a no-op row function: the faster of two tries (the first may wait
+        for workers still starting)."""
+        probe = TensorRows((torch.zeros(ex.workers * 2, 1),))
+        best = math.inf
+        for _ in range(2):
+            t = time.perf_counter()
+            ex.run(Job.new(noop_row, probe))
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    @classmethod
+    def prepare(cls, ex: Executor, fn: Callable[..., Any], timeout: float | None) -> float:
+        """Start the workers if needed and have every one load ``fn``; the seconds that
+        took. Raises :class:`~prep.errors.FunctionLoadError` if a worker cannot load
+        it, :class:`~prep.errors.ExecutorUnavailable` if the workers cannot start."""
+        key = ex.engine.prepare(fn)
+        t = time.perf_counter()
+        limit = LOAD_TIMEOUT if timeout is None else max(0.0, timeout)
+        errors = []
+        for ticket in ex.engine.load(key, limit):
+            try:
+                ticket.result()
+            except (BatchTimeout, WorkerCrashed, FunctionLoadError) as exc:
+                errors.append(_load_error(exc, fn, limit))
+        if errors:
+            raise errors[0]
+        return time.perf_counter() - t
+
+    @classmethod
+    def as_worker(cls, ex: Executor, fn: Callable[[], T]) -> T:
+        # in a thread of its own: torch's setting is per thread, and the caller's stays
+        return on_intra_op_threads(fn, threads_per_worker(ex.workers))
+
+
+def _load_error(exc: Exception, fn: Any, limit: float) -> FunctionLoadError:
+    """Why a worker could not load ``fn``, for the caller: what happened and what to do."""
+    if isinstance(exc, FunctionLoadError):
+        return exc
+    if isinstance(exc, BatchTimeout):
+        return FunctionLoadError(
+            f"executor='processes' workers did not load the row function {describe_fn(fn)} "
+            f"within {limit:.1f} s (does importing what it needs hang?); check that its "
+            f"modules import quickly in a fresh interpreter, or use executor='threads'"
+        )
+    return FunctionLoadError(
+        f"a worker died while it loaded the row function {describe_fn(fn)} ({exc}); "
+        f"or use executor='threads'"
+    )
+
+
+#: the model of each executor auto weighs, by name, in the registry's order (a batched
+#: twin the user wrote comes before vmap). joblib has none: its loky workers are not
+#: predicted (docs/auto.md says why), so auto never weighs it.
+MODELS: dict[str, type[CostModel]] = {
+    m.name: m for m in (SerialModel, ThreadsModel, ProcessesModel, VectorizedModel, VmapModel)
+}
+
+
+def model(name: str) -> type[CostModel]:
+    """The model of the executor of that name (the defaults for one without)."""
+    return MODELS.get(name, CostModel)
+
+
+__all__ = ["MODELS", "CostModel", "ProcessesModel", "model"]
