@@ -397,7 +397,7 @@ def test_chunks_back_out_of_order_keep_the_lowest_good_rows_reference():
     from prep.core.output import Output
     from prep.core.policy import Policy, ResultCheck
     from prep.core.rows import rows_of
-    from prep.executors import Job
+    from prep.executors import Chunk, Job
     from prep.executors._chunks import ChunkMerge
 
     rows = rows_of(torch.zeros(8, 2)).checking(ResultCheck(padded=False))
@@ -407,8 +407,8 @@ def test_chunks_back_out_of_order_keep_the_lowest_good_rows_reference():
     early = Output.allocate(torch.ones(2), 4, row=0, offset=0)
     early.buffers[0].fill_(1.0)
     chunks = ChunkMerge(job)
-    chunks.merge(("chunk", 4, 8, late, []))
-    chunks.merge(("chunk", 0, 4, early, []))
+    chunks.merge(Chunk(4, 8, late, []))
+    chunks.merge(Chunk(0, 4, early, []))
     assert job.sink.failures.rows() == [4, 5, 6, 7]
     assert "row 4 returned a Tensor of shape (2,) float64, but row 0 returned" in str(
         job.sink.failures.errors[4]

@@ -19,6 +19,7 @@ from prep.core.output import Output
 from prep.core.policy import RAISE
 from prep.core.rows import rows_of
 from prep.executors._batches import ProcessBatches
+from prep.executors._messages import Chunk, Done
 from prep.stream.parts import DeliveredParts
 from prep.stream.strategy import StrategyPlan
 from tests import registry, rowfns
@@ -148,7 +149,7 @@ def test_each_worker_gets_one_part_of_a_batch_and_the_loan_comes_back(no_leaks):
         assert len(workers._ring._idle) == 1  # the one buffer, back once
         for t in tickets:
             start, stop = t.part
-            out = t.reply[3]  # each part is a chunk of the batch, in batch row numbers
+            out = t.reply.output  # each part is a chunk of the batch, in batch row numbers
             assert out.first_row == start
             assert torch.equal(out.buffers[0], wide_batch(0, rows=512)[start:stop] * 2 + 1)
     finally:
@@ -165,7 +166,7 @@ def test_a_part_in_place_writes_the_batchs_own_output(no_leaks):
         fn = functools.partial(workers.submit_parts, key, rows_of(b), RAISE, None)
         tickets = fn([(0, 32), (32, 64)], into)
         for t in tickets:
-            assert t.result() == (None, {}) and t.reply[0] == "done"
+            assert t.result() == (None, {}) and isinstance(t.reply, Done)
         assert torch.equal(into.buffers[0], b * 2 + 1)
     finally:
         workers.close()
@@ -217,7 +218,7 @@ def test_threads_take_parts_from_one_queue_and_build_them_as_processes_do():
         for t in tickets:
             out, errors = t.result()
             start, stop = t.part
-            assert t.reply[0] == "chunk" and not errors and out.first_row == start
+            assert isinstance(t.reply, Chunk) and not errors and out.first_row == start
             assert torch.equal(out.buffers[0], b[start:stop] * 2 + 1)
             assert t.span is not None and t.span[0] <= t.span[1]  # rated as processes' parts
     finally:

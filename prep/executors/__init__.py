@@ -26,6 +26,7 @@ from ._chunks import ChunkMerge
 from ._daemons import on_intra_op_threads
 from ._fdpipe import INLINE
 from ._job import BLOCK, Job
+from ._messages import Chunk
 from ._shapes import PART_WORK, RowCosts, Shapes
 from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
 from ._ticket import Ticket
@@ -54,6 +55,7 @@ __all__ = [
     "BLOCK",
     "INLINE",
     "REGISTRY",
+    "Chunk",
     "ChunkMerge",
     "Executor",
     "Job",

@@ -23,6 +23,7 @@ from ..core.rows import Rows
 from ._base import threads_per_worker
 from ._daemons import DaemonThreads, own_intra_op_threads
 from ._job import Job
+from ._messages import Chunk, Done, Failure
 from ._shapes import Shapes
 from ._ticket import Ticket, value_of
 from ._worker import run_chunk, write_rows
@@ -77,6 +78,7 @@ def _build_part(ticket: Ticket) -> None:
     assert ticket.started is not None
     start, stop = ticket.bounds()
     with ticket.modes():  # the caller's grad and inference modes
+        reply: Done | Chunk | Failure
         if ticket.into is not None:
             reply = write_rows(ticket.fn, ticket.rows, ticket.into, start, stop, live=True)
         else:

@@ -1,10 +1,11 @@
 """The loop a whole-batch worker runs, in the child process (see ``_batches``).
 
 It builds whole batches, one after another, in the order they arrive: each
-message names the row function by a key (its cloudpickled bytes come once per
-worker, just before the first batch that needs them), and carries the batch's
-rows. A "call" unit is the same, but the keyed function is called once with the
-message's arguments and its return value is the reply: ``prep run`` sends a
+:class:`~._messages.Build` names the row function by a key (its cloudpickled bytes
+come once per worker, in a :class:`~._messages.Function`, just before the first
+batch that needs them), and carries the batch's rows. A :class:`~._messages.Call`
+is the same, but the keyed function is called once with the message's arguments
+and its return value is the reply: ``prep run`` sends a
 shard that way (the worker loads, computes and writes it; no tensor travels).
 The output is allocated in shared memory and goes back by file
 descriptor in the reply itself (``_fdpipe``); the failed rows of ``on_error='fill'``/``'skip'``
@@ -26,6 +27,22 @@ import torch
 
 from . import _fdpipe
 from ._context import follow
+from ._messages import (
+    BAD_RESULT,
+    CALL_ERROR,
+    LOAD_ERROR,
+    Build,
+    Call,
+    Chunk,
+    Close,
+    Failure,
+    Follow,
+    Function,
+    Load,
+    Loaded,
+    Reply,
+    Returned,
+)
 from ._worker import _error, _watch_parent, limit_threads, run_chunk, write_rows
 
 #: row functions a worker keeps loaded, by key (streams that alternate stay warm)
@@ -37,40 +54,40 @@ KEEP = 4
 _last_bytes: dict[str, int] = {}
 
 
-def run_whole(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``("whole", seq, started, ended, reply)`` for ``("whole", seq, key, rows, policy,
-    into)``; the reply is :func:`_worker.run_chunk`'s over every row, or, where the
-    parent made the batch's output (``into``, shared), :func:`_worker.write_rows`'."""
-    _, seq, key, rows, policy, into = msg
+def run_whole(fn: Any, msg: Build) -> Reply:
+    """The reply to a :class:`Build`: :func:`_worker.run_chunk`'s outcome over its rows,
+    or, where the parent made the batch's output (``into``, shared),
+    :func:`_worker.write_rows`'."""
     started = time.monotonic()
+    rows = msg.rows
     start = rows.offset  # a part of a batch is a window of its rows (batch row numbers)
-    if into is not None:
-        reply = write_rows(fn, rows, into, start, start + len(rows))
-        return ("whole", seq, started, time.monotonic(), reply)
+    if msg.into is not None:
+        done = write_rows(fn, rows, msg.into, start, start + len(rows))
+        return Reply(msg.seq, started, time.monotonic(), done)
     # equal rows: the output is made in shared memory, written once. Ragged rows grow
     # their output a few times a batch, and each shared growth costs a new segment:
     # they grow in private memory, and _fdpipe copies the final one into shared memory.
     # An output as small as the last one was travels in the message: no segment at all
-    small = _last_bytes.get(key, _fdpipe.INLINE + 1) <= _fdpipe.INLINE
-    shared = policy.padding is None and not small
-    reply = run_chunk(fn, rows, start, start + len(rows), policy=policy, shared=shared)
-    if reply[0] == "chunk" and reply[3] is not None:
-        _last_bytes[key] = max(b.nbytes for b in reply[3].buffers)
-    return ("whole", seq, started, time.monotonic(), reply)
+    small = _last_bytes.get(msg.key, _fdpipe.INLINE + 1) <= _fdpipe.INLINE
+    shared = msg.policy.padding is None and not small
+    chunk = run_chunk(fn, rows, start, start + len(rows), policy=msg.policy, shared=shared)
+    if isinstance(chunk, Chunk) and chunk.output is not None:
+        _last_bytes[msg.key] = max(b.nbytes for b in chunk.output.buffers)
+    return Reply(msg.seq, started, time.monotonic(), chunk)
 
 
-def run_call(fn: Any, msg: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``("whole", seq, started, ended, ("value", result))`` for ``("call", seq, key, args)``,
-    or a "call-error" reply with the exception (and whether it had a cause of its own:
-    a verdict such as a ShardError travels without the worker's traceback)."""
-    _, seq, _, args = msg
+def run_call(fn: Any, msg: Call) -> Reply:
+    """The reply to a :class:`Call`: the function's value, or a failure with its
+    exception (and whether it had a cause of its own: a verdict such as a ShardError
+    travels without the worker's traceback)."""
     started = time.monotonic()
+    outcome: Returned | Failure
     try:
-        reply: tuple[Any, ...] = ("value", fn(*args))
+        outcome = Returned(fn(*msg.args))
     except BaseException as exc:  # SystemExit, KeyboardInterrupt in the function too
-        error = _error(-1, exc, "call-error")
-        reply = (*error, exc.__cause__ is not None or exc.__context__ is not None)
-    return ("whole", seq, started, time.monotonic(), reply)
+        had_cause = exc.__cause__ is not None or exc.__context__ is not None
+        outcome = _error(-1, exc, CALL_ERROR)._replace(had_cause=had_cause)
+    return Reply(msg.seq, started, time.monotonic(), outcome)
 
 
 class Seeds:
@@ -108,33 +125,32 @@ def main(conn: Connection, main_pid: int, threads: int, seed: int) -> None:
             msg = _fdpipe.recv(conn)
         except (EOFError, OSError):
             return
-        if msg[0] == "close":
+        if isinstance(msg, Close):
             return
-        if msg[0] == "context":  # the caller's directory and environment, as they are now
-            follow(msg[1])
+        if isinstance(msg, Follow):  # the caller's directory and environment, as they are now
+            follow(msg.context)
             continue
-        if msg[0] == "fn":
-            _, key, blob = msg
+        if isinstance(msg, Function):
             try:
-                fns[key] = pickle.loads(blob)
+                fns[msg.key] = pickle.loads(msg.blob)
             except BaseException as exc:  # SystemExit from a module it imports, too
-                fns[key] = exc
+                fns[msg.key] = exc
             while len(fns) > KEEP:
                 del fns[next(iter(fns))]
             seeds.seed_numpy()  # the function's module may have imported it
             continue
-        fn = fns.get(msg[2])
+        fn = fns.get(msg.key)
         if fn is None or isinstance(fn, BaseException):
-            why = fn if fn is not None else LookupError(f"no function {msg[2]!r} was sent")
-            reply: tuple[Any, ...] = ("whole", msg[1], 0.0, 0.0, _error(-1, why, "load-error"))
-        elif msg[0] == "load":  # ("load", seq, key): is the function there?
-            reply = ("whole", msg[1], 0.0, 0.0, ("loaded",))
-        elif msg[0] == "call":
+            why = fn if fn is not None else LookupError(f"no function {msg.key!r} was sent")
+            reply = Reply(msg.seq, 0.0, 0.0, _error(-1, why, LOAD_ERROR))
+        elif isinstance(msg, Load):  # is the function there?
+            reply = Reply(msg.seq, 0.0, 0.0, Loaded())
+        elif isinstance(msg, Call):
             reply = run_call(fn, msg)
         else:
             reply = run_whole(fn, msg)
         try:
             _fdpipe.send(conn, reply)
         except Exception as exc:  # e.g. an output that cannot be pickled
-            _fdpipe.send(conn, ("whole", msg[1], 0.0, 0.0, _error(-1, exc, "bad-result")))
+            _fdpipe.send(conn, Reply(msg.seq, 0.0, 0.0, _error(-1, exc, BAD_RESULT)))
         del reply, fn, msg  # the output's shared memory goes once the parent has it

@@ -8,9 +8,9 @@ order the caller chooses, a ticket at a time.
 
     parent (the stream's producer thread)              worker k (prep's forkserver)
     ─────────────────────────────────────              ────────────────────────────
-    submit: ("fn", key, blob) once per worker ───────▶ loads it, keeps a few
-            ("whole", seq, key, rows, policy) ───────▶ queue, FIFO per worker
-    pump(ticket): wait(conn + sentinel, deadline) ◀── ("whole", seq, t0, t1, reply)
+    submit: Function(key, blob) once per worker ─────▶ loads it, keeps a few
+            Build(seq, key, rows, policy, into) ─────▶ queue, FIFO per worker
+    pump(ticket): wait(conn + sentinel, deadline) ◀── Reply(seq, t0, t1, outcome)
                   replies resolve their tickets     (output: shared memory, its fds
                   in each worker's order                in the same message, _fdpipe)
 
@@ -48,6 +48,7 @@ from ..core.rows import Rows
 from . import _fdpipe, _spawn
 from ._base import threads_per_worker
 from ._lanes import Functions, Lane, Lanes, check_on_cpu
+from ._messages import Reply
 from ._ring import Ring
 from ._shapes import RowCosts, Shapes
 from ._ticket import Ticket, value_of
@@ -239,9 +240,9 @@ class ProcessBatches:
                     if not self._read_one(lane):
                         break
 
-    def _receive(self, lane: Lane, msg: tuple[Any, ...], transfer: float) -> None:
-        _, seq, t0, t1, reply = msg
-        ticket = lane.answered(seq)
+    def _receive(self, lane: Lane, msg: Reply, transfer: float) -> None:
+        ticket = lane.answered(msg.seq)
+        t0, t1, reply = msg.started, msg.ended, msg.outcome
         if ticket.cancelled:
             ticket.settle()
             return  # read, so its shared memory is released; nobody wants it

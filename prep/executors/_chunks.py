@@ -14,13 +14,13 @@ reference that the batch's finds good.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from ..core.output import Output
 from ..core.policy import ResultCheck
 from ..errors import RowError, StackError, WorkerCrashed
 from ._base import first_error
 from ._job import Job
+from ._messages import Chunk
 from ._ticket import Ticket
 from ._worker import error_from_reply
 
@@ -36,7 +36,7 @@ class ChunkMerge:
         check = getattr(job.rows, "check", None)
         self.check = check if isinstance(check, ResultCheck) else None
 
-    def take(self, reply: tuple[Any, ...], errors: list[BaseException]) -> None:
+    def take(self, reply: Chunk, errors: list[BaseException]) -> None:
         """:meth:`merge`; a chunk that does not fit the output is an error noted in
         ``errors``, not raised: a lower row's error may still come back, and the
         lowest row's is the one serial would have met (``first_error``)."""
@@ -45,12 +45,11 @@ class ChunkMerge:
         except StackError as exc:
             errors.append(exc)
 
-    def merge(self, reply: tuple[Any, ...]) -> None:
-        """A ``("chunk", start, stop, output, failed)`` reply: its rows, and its failed
-        rows noted. Under ``on_error='fill'``/``'skip'`` a chunk whose rows return
-        another dtype or rank than the batch's reference is a chunk of failed rows,
-        each with the reason."""
-        _, start, stop, chunk, failed = reply
+    def merge(self, reply: Chunk) -> None:
+        """A :class:`~._messages.Chunk`: its rows, and its failed rows noted. Under
+        ``on_error='fill'``/``'skip'`` a chunk whose rows return another dtype or rank
+        than the batch's reference is a chunk of failed rows, each with the reason."""
+        start, stop, chunk, failed = reply.start, reply.stop, reply.output, reply.failed
         sink, check = self.sink, self.check
         for error_reply in failed:
             err = error_from_reply(error_reply)
@@ -154,7 +153,7 @@ def gather(
                 errors.append(exc)
             else:
                 if merge is not None:
-                    assert ticket.reply is not None, "a part resolved has its reply"
+                    assert isinstance(ticket.reply, Chunk), "a part resolved has its chunk"
                     merge.take(ticket.reply, errors)
             ticket.reply = None  # its chunk's shared memory goes once merged
             start, stop = ticket.bounds()

@@ -26,6 +26,7 @@ from ..errors import ConfigError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn
 from ._context import Context, Follower
 from ._handles import Worker
+from ._messages import Build, Call, Close, Follow, Function, Load
 from ._ticket import Ticket
 from ._transport import pickle_fn
 
@@ -67,21 +68,21 @@ class Lane:
         pickled bytes, ``blob(key)``) if the worker has not had it."""
         key, conn = ticket.key, self.worker.conn
         if self.context is not context:
-            _fdpipe.send(conn, ("context", context))
+            _fdpipe.send(conn, Follow(context))
             self.context = context
         if key not in self.keys:
-            _fdpipe.send(conn, ("fn", key, blob(key)))
+            _fdpipe.send(conn, Function(key, blob(key)))
             self.keys[key] = None
             while len(self.keys) > _batch_worker.KEEP:  # the worker forgets its oldest
                 del self.keys[next(iter(self.keys))]
         ticket.lane, ticket.seq = self, seq
         if ticket.kind == "call":
-            _fdpipe.send(conn, ("call", seq, key, ticket.args))
+            _fdpipe.send(conn, Call(seq, key, ticket.args or ()))
         elif ticket.kind == "load":
-            _fdpipe.send(conn, ("load", seq, key))
+            _fdpipe.send(conn, Load(seq, key))
         else:
             rows = ticket.wire if ticket.wire is not None else ticket.rows
-            _fdpipe.send(conn, ("whole", seq, key, rows, ticket.policy, ticket.into))
+            _fdpipe.send(conn, Build(seq, key, rows, ticket.policy, ticket.into))
         if not self.tickets:
             ticket.started = time.monotonic()
         self.tickets.append(ticket)
@@ -261,7 +262,7 @@ class Lanes:
             lanes, self.all = self.all, []
             for lane in lanes if not now else ():
                 with contextlib.suppress(OSError):
-                    _fdpipe.send(lane.worker.conn, ("close",))
+                    _fdpipe.send(lane.worker.conn, Close())
             for lane in lanes:
                 if not now:
                     lane.worker.proc.join(1)

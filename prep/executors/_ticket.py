@@ -15,6 +15,7 @@ from ..core.policy import Policy
 from ..core.rows import Rows
 from ..errors import BatchTimeout, FunctionLoadError, PrepError, RowError, WorkerCrashed
 from . import _worker
+from ._messages import CALL_ERROR, LOAD_ERROR, Chunk, Done, Loaded, Outcome, Returned
 from ._transport import describe_fn
 
 __all__ = ["Ticket", "Value", "value_of"]
@@ -43,7 +44,7 @@ class Ticket:
         self.wire: Rows | None = None  # the rows as sent (in the ring's memory), if not rows
         # rows start:stop of a batch split into parts (``rows`` is that window), else None
         self.part: tuple[int, int] | None = None
-        self.reply: tuple[Any, ...] | None = None  # its worker's reply as it came (processes)
+        self.reply: Outcome | None = None  # its worker's outcome as it came
         self.into: Output | None = None  # the batch's output its part is written into, if any
         self.on_settled: Any = None  # called once when it is settled (gives the ring back)
         # a "call" unit (``ProcessBatches.submit_call``): the keyed function's arguments,
@@ -190,32 +191,27 @@ class Ticket:
         )
 
 
-def value_of(reply: tuple[Any, ...], fn: Any) -> tuple[Any, BaseException | None]:
-    """A worker's reply (``_worker.run_chunk``'s, a call's, or a load error) as a value or
-    an error."""
-    tag = reply[0]
-    if tag == "value":  # a call unit's return value, as it is
-        return reply[1], None
-    if tag == "call-error":
-        _, _, name, text, tb, blob, had_cause = reply
-        err = _worker.rebuild(blob, name, text, tb)
-        if not had_cause and isinstance(err, PrepError):
-            err.__cause__ = None  # prep's whole verdict (a ShardError): no traceback to add
-        return None, err
-    if tag == "loaded":  # a "load" unit: the worker holds the function
+def value_of(reply: Outcome, fn: Any) -> tuple[Any, BaseException | None]:
+    """A worker's outcome (``_worker.run_chunk``'s, a call's, or a load error) as a value
+    or an error."""
+    if isinstance(reply, Returned):  # a call unit's return value, as it is
+        return reply.value, None
+    if isinstance(reply, (Loaded, Done)):  # the function is there; rows written in place
         return (None, {}), None
-    if tag == "done":  # a part written in place, into its ticket's ``into``
-        return (None, {}), None
-    if tag == "chunk":
-        _, _, _, output, failed = reply
+    if isinstance(reply, Chunk):
         errors: dict[int, BaseException] = {}
-        for error_reply in failed:
-            err = _worker.error_from_reply(error_reply)
+        for failure in reply.failed:
+            err = _worker.error_from_reply(failure)
             assert isinstance(err, RowError)
             errors[err.row] = err
-        return (output, errors), None
-    if tag == "load-error":
-        _, _, name, text, tb, blob = reply
+        return (reply.output, errors), None
+    name, text, tb, blob = reply.name, reply.text, reply.tb, reply.blob
+    if reply.kind == CALL_ERROR:
+        err = _worker.rebuild(blob, name, text, tb)
+        if not reply.had_cause and isinstance(err, PrepError):
+            err.__cause__ = None  # prep's whole verdict (a ShardError): no traceback to add
+        return None, err
+    if reply.kind == LOAD_ERROR:
         err = FunctionLoadError(
             f"prep's worker processes could not load the row function {describe_fn(fn)} "
             f"({name}: {text}). Workers start from a fresh interpreter and never run your "

@@ -26,6 +26,7 @@ from ..core.rows import Rows
 from ..errors import RemoteTraceback, RowError, SetupError
 from ._context import OWN, Context, follow
 from ._job import BLOCK, Job
+from ._messages import BAD_RESULT, ERROR, Chunk, Done, Failure
 
 
 def limit_threads(threads: int) -> None:
@@ -60,19 +61,19 @@ def _watch_parent(pid: int, every: float = 0.5) -> None:
     threading.Thread(target=watch, daemon=True, name="prep-parent-watch").start()
 
 
-def _error(row: int, exc: BaseException, tag: str = "error", live: bool = False) -> tuple[Any, ...]:
-    """The reply that reports ``exc`` (on ``row``): pickled with its traceback's text for
-    another process; ``live`` (a thread of the caller's process): the exception itself,
-    its own traceback intact."""
+def _error(row: int, exc: BaseException, kind: str = ERROR, live: bool = False) -> Failure:
+    """The failure that reports ``exc`` (on ``row``): pickled with its traceback's text
+    for another process; ``live`` (a thread of the caller's process): the exception
+    itself, its own traceback intact."""
     if live:
-        return (tag, row, type(exc).__name__, str(exc), "", exc)
+        return Failure(kind, row, type(exc).__name__, str(exc), "", exc)
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         blob = pickle.dumps(exc)
         pickle.loads(blob)
     except Exception:
         blob = None  # the parent rebuilds the error from its name and text
-    return (tag, row, type(exc).__name__, str(exc), tb, blob)
+    return Failure(kind, row, type(exc).__name__, str(exc), tb, blob)
 
 
 def identity(row: torch.Tensor) -> torch.Tensor:
@@ -106,42 +107,42 @@ def rebuild(blob: Any, name: str, text: str, tb: str) -> BaseException:
 
 def write_rows(
     fn: Any, rows: Rows, out: Output, start: int, stop: int, live: bool = False
-) -> tuple[Any, ...]:
-    """Rows ``start:stop`` into ``out`` a block at a time; "done", or the first error
-    (``live``: as :func:`_error` reports it to a thread of this process)."""
+) -> Done | Failure:
+    """Rows ``start:stop`` into ``out`` a block at a time; :class:`Done`, or the first
+    failure (``live``: as :func:`_error` reports it to a thread of this process)."""
     for block in range(start, stop, BLOCK):
         results = []
         for i in range(block, min(stop, block + BLOCK)):
             try:
                 results.append(rows.call(fn, i))
             except SetupError as exc:  # not the row's fault: raised as it is in the parent
-                return _error(i, exc, "bad-result", live)
+                return _error(i, exc, BAD_RESULT, live)
             except Exception as exc:
                 return _error(i, exc, live=live)
         try:
             out.write_block(block, results)
         except Exception as exc:  # a result of the wrong type or shape
-            return _error(getattr(exc, "row", block), exc, "bad-result", live)
-    return ("done", start, stop)
+            return _error(getattr(exc, "row", block), exc, BAD_RESULT, live)
+    return Done(start, stop)
 
 
-def error_from_reply(reply: tuple[Any, ...]) -> BaseException:
-    """The parent's exception for an "error" or "bad-result" reply, with ``.row`` set.
+def error_from_reply(reply: Failure) -> BaseException:
+    """The parent's exception for a row's failure, with ``.row`` set.
 
     A failing row function becomes a RowError whose cause is the worker's exception
     (its traceback text as the cause's cause); a bad result keeps its own type
     (StackError, TypeError)."""
-    tag, row, name, text, tb, blob = reply
-    exc = rebuild(blob, name, text, tb)
-    if tag == "bad-result":
+    exc = rebuild(reply.blob, reply.name, reply.text, reply.tb)
+    row = reply.row
+    if reply.kind == BAD_RESULT:
         exc.row = row  # type: ignore[attr-defined]  # errors are ranked by row
         return exc
-    err = RowError(row, f"row {row}: {name}: {text}")
+    err = RowError(row, f"row {row}: {reply.name}: {reply.text}")
     err.__cause__ = exc
     return err
 
 
-def run_chunk_as_caller(context: Context, *args: Any) -> tuple[Any, ...]:
+def run_chunk_as_caller(context: Context, *args: Any) -> Chunk | Failure:
     """:func:`run_chunk` in the caller's directory and environment (``context``: a
     loky worker, which hears from the caller only through its tasks, gets it with each)."""
     follow(context)
@@ -156,9 +157,9 @@ def run_chunk(
     policy: Policy = RAISE,
     shared: bool = False,
     live: bool = False,
-) -> tuple[Any, ...]:
-    """Rows ``start:stop`` into an output of their own, returned whole: ``("chunk",
-    start, stop, output or None, failed rows' error replies)``, or the first error.
+) -> Chunk | Failure:
+    """Rows ``start:stop`` into an output of their own, returned whole as a
+    :class:`Chunk` (its output None where every row failed), or the first failure.
 
     joblib's tasks run this, and so do ``processes`` workers where rows may differ
     in size or fail on their own (``pad=``, ``on_error=``): an output in shared
@@ -175,9 +176,9 @@ def run_chunk(
         cause = err.__cause__ if isinstance(err.__cause__, Exception) else err
         return _error(err.row, cause, live=live)
     except Exception as exc:  # a result of the wrong type or shape
-        return _error(getattr(exc, "row", start), exc, "bad-result", live)
+        return _error(getattr(exc, "row", start), exc, BAD_RESULT, live)
     failed = [
         _error(i, e.__cause__ if isinstance(e.__cause__, Exception) else e, live=live)
         for i, e in sorted(job.sink.failures.errors.items())
     ]
-    return ("chunk", start, stop, job.sink.output, failed)
+    return Chunk(start, stop, job.sink.output, failed)

@@ -29,6 +29,7 @@ from ._chunks import ChunkMerge
 from ._context import Follower
 from ._isolation import Isolation
 from ._job import Job
+from ._messages import Chunk, Failure
 from ._transport import ByValue
 
 
@@ -95,7 +96,7 @@ class JoblibExecutor(Executor):
         errors: list[BaseException] = []
         # merged in row order, whatever order they finish in: the lowest chunk's first
         # row is the output's reference, as serial's first row is
-        replies: dict[int, tuple[Any, ...]] = {}
+        replies: dict[int, Chunk | Failure] = {}
         order = sorted(a for a, _ in chunks)
         try:
             for future in cf.as_completed(futures, timeout=job.remaining()):
@@ -161,12 +162,12 @@ class JoblibExecutor(Executor):
             # active_children() forgets the finished ones now, as starting one would
             multiprocessing.active_children()
 
-    def _write(self, job: Job, reply: tuple[Any, ...], errors: list[BaseException]) -> None:
-        if reply[0] != "chunk":
+    def _write(self, job: Job, reply: Chunk | Failure, errors: list[BaseException]) -> None:
+        if isinstance(reply, Failure):
             errors.append(_worker.error_from_reply(reply))
             return
         ChunkMerge(job).take(reply, errors)
-        job.sink.advance(reply[2] - reply[1])
+        job.sink.advance(reply.stop - reply.start)
 
 
 def _succeeded(future: cf.Future) -> bool:

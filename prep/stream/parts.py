@@ -36,7 +36,7 @@ from ..core.output import Output
 from ..core.policy import Policy
 from ..core.rows import Rows
 from ..errors import StackError
-from ..executors import ChunkMerge, Executor, Job, Shapes, Ticket, Traits, first_error
+from ..executors import Chunk, ChunkMerge, Executor, Job, Shapes, Ticket, Traits, first_error
 from .strategy import StrategyPlan
 
 __all__ = ["DeliveredParts", "DeliveredProcessParts", "split_taken"]
@@ -96,7 +96,7 @@ class DeliveredParts(Executor):
         for t in tickets:
             # a part that failed has its error (above) as its reply; a chunk that does not
             # fit is an error too, and a lower row's error may be another part's
-            if guessed is None and t.reply is not None and t.reply[0] == "chunk":
+            if guessed is None and isinstance(t.reply, Chunk):
                 chunks.take(t.reply, errors)
             t.reply = None  # its chunk's shared memory goes once merged
         if errors:
