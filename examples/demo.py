@@ -37,8 +37,11 @@ from torch.utils.data import DataLoader
 
 import prep
 from prep.bench import interleaved
-from prep.bench.workloads import python_work, side_context_batch
 from prep.ops import side_context_row
+
+# the repository root, for benchmarks/: last, so a prep on PYTHONPATH still comes first
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from benchmarks.workloads import python_work, side_context_batch
 
 WORKERS = 2
 MIN_GAP = 1.2  # a winner must be this much faster than the runner-up...

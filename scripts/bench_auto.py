@@ -7,8 +7,8 @@ Run it alone on the machine (every figure is a median of interleaved repeats):
     python scripts/bench_auto.py --workloads python,pil_augment --rows 128 --repeat 3
     python scripts/bench_auto.py --json auto.json       # the figures as JSON too
 
-For each workload (prep's own from prep.bench.workloads, and every one of
-prep.bench.libraries that can run here) and every executor that applies
+For each workload (prep's own from benchmarks.workloads, and every one of
+benchmarks.libraries that can run here) and every executor that applies
 (serial, threads, processes, joblib, vectorized, vmap; auto):
 
 * warm: one prep.Pool per executor, warmed by its first --warmup calls (the first
@@ -57,10 +57,13 @@ from typing import Any
 import torch
 
 import prep
-from prep.bench import WORKLOADS, Workload, interleaved, table
-from prep.bench.libraries import LIBRARY_WORKLOADS, available
-from prep.bench.libraries import call as call_workload
-from prep.bench.workloads import python_work
+from prep.bench import interleaved, table
+
+# the repository root, for benchmarks/: last, so a prep on PYTHONPATH still comes first
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from benchmarks.libraries import LIBRARY_WORKLOADS, available
+from benchmarks.libraries import call as call_workload
+from benchmarks.workloads import WORKLOADS, Workload, python_work
 
 SCRIPT = Path(__file__).resolve()
 PREP_DEFAULT = ["noop", "python", "sleep", "matmul", "tokenize", "side_context_small"]

@@ -18,13 +18,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import joblib
 import torch
 
 import prep
 from prep.bench import interleaved, table
-from prep.bench.workloads import WORKLOADS, Workload, matmul_chain
+
+# the repository root, for benchmarks/: last, so a prep on PYTHONPATH still comes first
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from benchmarks.workloads import WORKLOADS, Workload, matmul_chain
 
 # the "256x256 matmul chain" (the bench grid's matmul workload is 128x128)
 MATMUL_256 = Workload(

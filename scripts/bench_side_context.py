@@ -13,16 +13,21 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import prep
-from prep.bench.baselines import side_context_loop
 from prep.ops import side_context, side_context_row
+
+# the repository root, for benchmarks/: last, so a prep on PYTHONPATH still comes first
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from benchmarks.baselines import side_context_loop
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import prep
-from prep.bench.workloads import WORKLOADS
+
+# the repository root, for benchmarks/: last, so a prep on PYTHONPATH still comes first
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from benchmarks.workloads import WORKLOADS
 
 
 def median_ms(call, repeat: int) -> float:

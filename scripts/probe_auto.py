@@ -14,13 +14,17 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ["PREP_WISDOM"] = "off"
 
 import prep  # noqa: E402
-from prep.bench.libraries import LIBRARY_WORKLOADS  # noqa: E402
-from prep.bench.libraries import call as call_workload  # noqa: E402
-from prep.bench.workloads import WORKLOADS  # noqa: E402
+
+# the repository root, for benchmarks/: last, so a prep on PYTHONPATH still comes first
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from benchmarks.libraries import LIBRARY_WORKLOADS  # noqa: E402
+from benchmarks.libraries import call as call_workload  # noqa: E402
+from benchmarks.workloads import WORKLOADS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

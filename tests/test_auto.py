@@ -52,7 +52,7 @@ def pure(row: torch.Tensor) -> torch.Tensor:
 
 
 def side_batch(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from prep.bench.workloads import side_context_batch
+    from benchmarks.workloads import side_context_batch
 
     return side_context_batch(rows, 64, 16)
 

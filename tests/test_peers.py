@@ -1,4 +1,5 @@
-"""``prep bench --peers``: the peer tools' mechanics, skipping, failing, the run, the CLI.
+"""The peer tools (``prep bench --peers``' two and the harness's six more): their
+mechanics, skipping, failing, a harness run, its command line.
 
 Mechanics only: each installed peer's output must equal the serial executor's
 (a fresh batch on a warm pool too), a missing package is a skipped peer, a
@@ -20,16 +21,17 @@ import pytest
 import torch
 
 import prep
-from prep.bench import Grid, Workload, run
-from prep.bench import libraries as libraries_module
-from prep.bench.alternatives import against_peers
-from prep.bench.command import add_parser, grid_from
-from prep.bench.libraries import LIBRARY_WORKLOADS
-from prep.bench.peer_loaders import _new_threads_default
-from prep.bench.peer_pools import PeerRows
-from prep.bench.peers import PEERS, available, first_call, session
+from benchmarks import libraries as libraries_module
+from benchmarks.alternatives import against_peers
+from benchmarks.command import PROG, command, configure, grid_from
+from benchmarks.grid import Grid
+from benchmarks.harness import run
+from benchmarks.libraries import LIBRARY_WORKLOADS
+from benchmarks.peer_loaders import _new_threads_default
+from benchmarks.peers import PEERS, available, first_call
+from benchmarks.workloads import WORKLOADS, Workload
+from prep.bench.peers import PeerRows, session
 from prep.bench.verify import check
-from prep.bench.workloads import WORKLOADS
 
 from . import rowfns
 from .conftest import descendants, pool_children, wait_until
@@ -209,9 +211,9 @@ def test_a_library_workload_that_cannot_run_is_skipped(monkeypatch: pytest.Monke
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    top = argparse.ArgumentParser(prog="prep")
-    add_parser(top.add_subparsers(dest="command", required=True))
-    return top.parse_args(["bench", *argv])
+    parser = argparse.ArgumentParser(prog=PROG)
+    configure(parser)
+    return parser.parse_args(argv)
 
 
 def test_the_peers_flag_parses() -> None:
@@ -227,7 +229,7 @@ def test_the_peers_flag_parses() -> None:
 
 def test_an_unknown_peer_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     args = parse("--peers", "ray")
-    assert args.handler(args) == 2
+    assert command(args) == 2
     assert "peers 'ray' unknown; choose from mp_pool" in capsys.readouterr().err
 
 
@@ -240,7 +242,7 @@ def test_a_peers_run_through_the_cli(
         "--executors", "serial", "threads", "--rows", "8", "--workers", "2", "--repeat", "1",
         "--out", str(tmp_path),
     )  # fmt: skip
-    assert args.handler(args) == 0
+    assert command(args) == 0
     out = capsys.readouterr().out
     assert "prep against the alternatives" in out and "DataLoader (persistent workers)" in out
     cells = json.loads((tmp_path / "results.json").read_text())["cells"]

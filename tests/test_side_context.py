@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import prep
 import prep.ops
-from prep.bench.baselines import side_context_loop
+from benchmarks.baselines import side_context_loop
 from prep.errors import VmapUnsupported
 from prep.ops import side_context, side_context_row
 from tests import registry

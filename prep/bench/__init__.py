@@ -1,55 +1,24 @@
-"""Benchmark harness: which executor wins for which workload (``prep bench``).
+"""``prep bench``: your row function on every executor, and against the tools you would
+otherwise use, on your machine.
 
->>> from prep.bench import Grid, run
->>> res = run(Grid(workloads=("noop",), executors=("serial", "loop"), rows=(4,),
-...                workers=(1,), repeat=1))
->>> sorted(c.executor for c in res.cells)
-['loop', 'serial']
+:class:`Race` runs it (:mod:`prep.bench.race`), :func:`report` draws the table,
+:mod:`prep.bench.peers` holds the two peers (a ``multiprocessing.Pool`` and a
+``DataLoader`` with workers), and :func:`interleaved` is the timing every benchmark
+of the repository uses: medians of interleaved repeats, with their spread.
+
+>>> import torch
+>>> from prep.bench import Race, report
+>>> cells = Race(rows=(8,), workers=2, repeat=1, executors=("threads",)).run(
+...     torch.neg, lambda rows: torch.arange(rows * 2.0).view(rows, 2))
+>>> [c.variant for c in cells]
+['serial', 'threads']
+>>> print(report(cells).splitlines()[0])
+| rows | variant   | median ms | spread | rows/s | vs serial | note |
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from .race import Cell, Race, broken, report
+from .timing import Timing, interleaved, table
 
-if TYPE_CHECKING:
-    from .grid import Grid
-    from .harness import run
-    from .results import Cell, Results, Startup
-    from .timing import Timing, interleaved, table
-    from .workloads import WORKLOADS, Workload
-
-#: name -> the module that holds it: imported on first use, so that every ``prep``
-#: command (which lists ``prep bench`` among its commands) does not pay for the harness
-_WHERE = {
-    "Grid": "grid",
-    "run": "harness",
-    "Cell": "results",
-    "Results": "results",
-    "Startup": "results",
-    "Timing": "timing",
-    "interleaved": "timing",
-    "table": "timing",
-    "WORKLOADS": "workloads",
-    "Workload": "workloads",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-
-
-__all__ = [
-    "WORKLOADS",
-    "Cell",
-    "Grid",
-    "Results",
-    "Startup",
-    "Timing",
-    "Workload",
-    "interleaved",
-    "run",
-    "table",
-]
+__all__ = ["Cell", "Race", "Timing", "broken", "interleaved", "report", "table"]

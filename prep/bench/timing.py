@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+__all__ = ["Timing", "interleaved", "ms", "table", "times"]
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -46,6 +48,19 @@ def interleaved(
     return {
         name: Timing(statistics.median(s), min(s), max(s), tuple(s)) for name, s in samples.items()
     }
+
+
+def ms(seconds: float | None) -> str:
+    """Milliseconds, 3 significant digits but never in e-notation."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1e3
+    return f"{ms:,.0f}" if abs(ms) >= 100 else f"{ms:.3g}"
+
+
+def times(ratio: float | None) -> str:
+    """A ratio as ``1.23x``."""
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

@@ -18,7 +18,7 @@ from ..errors import VmapUnsupported
 #: refusals that are expected, not findings: a cell with one is skipped, with the reason
 EXPECTED = (VmapUnsupported,)
 
-__all__ = ["Guard", "check", "leaves", "nbytes", "status_of", "text"]
+__all__ = ["Guard", "check", "leaves", "status_of", "text"]
 
 
 def check(
@@ -68,17 +68,12 @@ def leaves(value: Any) -> list[torch.Tensor]:
         return []
 
 
-def nbytes(value: Any) -> int:
-    """Bytes of the storages behind ``value``'s tensors (what pickling a view ships)."""
-    return sum(t.untyped_storage().nbytes() for t in leaves(value))
-
-
-def status_of(error: str) -> str:
+def status_of(error: str, expected: tuple[type[Exception], ...] = EXPECTED) -> str:
     """A variant's cell status for the error text :func:`check` gave: ``skipped`` where
-    prep refused what it is known not to do (vmap of a function that reads values), with
-    the reason; ``failed`` for anything else (a finding)."""
-    expected = any(error.startswith(f"{cls.__name__}:") for cls in EXPECTED)
-    return "skipped" if expected else "failed"
+    prep refused what it is known not to do (one of ``expected``: vmap of a function that
+    reads values), with the reason; ``failed`` for anything else (a finding)."""
+    refused = any(error.startswith(f"{cls.__name__}:") for cls in expected)
+    return "skipped" if refused else "failed"
 
 
 def text(exc: BaseException) -> str:

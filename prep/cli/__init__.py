@@ -7,7 +7,7 @@
 Each command is one entry of :data:`COMMANDS`: its help line, a function that
 adds its arguments to its subparser, and its handler (``Namespace -> exit code``).
 ``prep run`` and ``prep make-shards`` are in :mod:`prep.cli.shards`, ``prep bench``
-in :mod:`prep.bench.command`, the argument types in :mod:`prep.cli.args`.
+in :mod:`prep.cli.bench`, the argument types in :mod:`prep.cli.args`.
 Exit codes: 0 done (rows that failed under ``--on-row-error fill|skip`` included:
 a warning says how many); 1 some shard failed; 2 bad arguments or settings;
 130 interrupted (Ctrl-C); 143 terminated (SIGTERM).
@@ -23,9 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .._system import info
-from ..bench import command as bench_command
 from ..errors import PrepError, Terminated
-from . import shards
+from . import bench, shards
 from .args import parse_value, positive
 
 __all__ = ["COMMANDS", "Command", "main", "parse_value"]
@@ -87,7 +86,7 @@ COMMANDS: dict[str, Command] = {
     "info": Command(
         "what this machine offers prep (cores, threads, shm, CUDA)", _configure_info, _info
     ),
-    "bench": Command(bench_command.HELP, bench_command.configure, bench_command.command),
+    "bench": Command(bench.HELP, bench.configure, bench.run),
     "forget": Command(
         "clear what auto remembered across runs (its wisdom file)", _configure_forget, _forget
     ),

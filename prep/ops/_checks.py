@@ -1,8 +1,8 @@
 """The argument checks of :mod:`prep.ops.side_context`, one copy for its three forms.
 
-The batched op, its row twin and the benchmarks' loop baseline
-(:func:`prep.bench.baselines.side_context_loop`) all check their arguments here,
-so a bad argument reads the same whichever form gets it.
+The batched op, its row twin and the benchmarks' loop baseline (the repository's
+``benchmarks.baselines.side_context_loop``) all check their arguments here, so a
+bad argument reads the same whichever form gets it.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Three forms with one meaning, checked bit for bit against each other:
 * :func:`side_context` -- the batch at once, no Python loop over rows;
 * :func:`side_context_row` -- one row, marked with :func:`prep.rowwise` so every
   executor (``vectorized`` included, which calls :func:`side_context`) can run it;
-* :func:`prep.bench.baselines.side_context_loop` -- the loop from the question
-  prep grew out of (slice each row, ``torch.cat`` the padding, ``torch.stack``),
+* the repository's ``benchmarks.baselines.side_context_loop`` -- the loop from the
+  question prep grew out of (slice each row, ``torch.cat`` the padding, ``torch.stack``),
   with its bugs fixed: the benchmarks' baseline, not an op.
 
 The meaning, for row ``b`` with valid length ``n = lengths[b]`` (``L`` if not given):

@@ -1,4 +1,4 @@
-"""The two pictures of ``prep bench``: throughput against rows per batch, and a winner map.
+"""The two pictures of a benchmarks run: throughput against rows per batch, and a winner map.
 
 matplotlib is an optional extra (``pip install 'prep[bench]'``): without it
 :func:`draw` says so in one line and returns no paths. Figures are drawn with
@@ -30,7 +30,7 @@ COLORS = {
     AUTO: "#9467bd",
     LOOP: "#8c564b",
     PLAIN_JOBLIB: "#e377c2",
-    # the peers (prep bench --peers), dash-dotted
+    # the peers (--peers), dash-dotted
     "mp_pool": "#aec7e8",
     "cf_processes": "#ff9896",
     "cf_threads": "#98df8a",

@@ -1,10 +1,10 @@
 """prep against the alternatives: per group, the best peer tool against prep's best.
 
-For each group where a peer ran warm (``prep bench --peers``, :mod:`prep.bench.peers`):
+For each group where a peer ran warm (``python -m benchmarks --peers``, :mod:`benchmarks.peers`):
 
 - ``best_peer``: the peer with the lowest warm median (first calls aside);
 - ``best``: prep's fastest executor of the registry (auto aside, as in
-  :mod:`prep.bench.auto_vs_best`), and ``best_ratio``, its median over the best
+  :mod:`benchmarks.auto_vs_best`), and ``best_ratio``, its median over the best
   peer's: below 1, prep's best is faster;
 - ``auto_ratio``: warm auto's median over the best peer's.
 

@@ -1,4 +1,4 @@
-"""The comparison harness behind ``prep bench``: every executor, side by side.
+"""The comparison harness behind ``python -m benchmarks``: every executor, side by side.
 
     Grid ─▶ start-up probe: a fresh prep.Pool per executor x workers, first call vs warm
          ─▶ for each workload x rows: the batch (made once) and serial's result
@@ -32,18 +32,19 @@ from typing import Any
 
 import torch
 
-from .. import api
-from .._system import info
-from ..core.rowwise import twin_of
-from ..pool import Pool
-from .baselines import loop_stack, plain_joblib
+from prep import api
+from prep._system import info
+from prep.bench.timing import Timing, interleaved
+from prep.bench.verify import Guard, check, status_of, text
+from prep.core.rowwise import twin_of
+from prep.pool import Pool
+
+from .baselines import loop_stack, nbytes, plain_joblib
 from .cell_text import group_line
 from .grid import AUTO, AUTO_FIRST, FIRST_CALLS, LOOP, PEER_WORKLOADS, PLAIN_JOBLIB, POOLS, Grid
 from .libraries import call, is_samples, unavailable
 from .peers import PEERS, PeerGroup, first_call, session
 from .results import Cell, Results, Startup
-from .timing import Timing, interleaved
-from .verify import Guard, check, nbytes, status_of, text
 from .workloads import Workload, noop
 
 __all__ = ["run"]
@@ -68,12 +69,12 @@ def run(
 
     With ``out`` the table, ``results.json``, ``report.md`` and the PNGs are
     written there too; ``progress`` gets one line per group as it finishes.
-    ``peers=True`` times every peer of :mod:`prep.bench.peers` beside them (a list:
+    ``peers=True`` times every peer of :mod:`benchmarks.peers` beside them (a list:
     those), on the real libraries' workloads too where ``grid`` is not given.
     It ends with :func:`prep.shutdown`, closing ``map_rows``' warm pools; every
     peer's pool is closed with its group.
 
-    >>> from prep.bench import Grid, run
+    >>> from benchmarks.grid import Grid
     >>> res = run(Grid(workloads=("noop",), executors=("serial", "threads"), rows=(8,),
     ...                workers=(2,), repeat=1))
     >>> [c.executor for c in res.cells]

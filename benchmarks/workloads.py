@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .._imports import load_callable
-from ..ops import side_context_row
+from prep._imports import load_callable
+from prep.ops import side_context_row
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def user_workload(fn: str, batch: str) -> Workload:
     The factory takes the number of rows and returns a batch for ``map_rows``
     (a Tensor, a tuple or a dict of Tensors with that many rows).
 
-    >>> w = user_workload("prep.bench.workloads:noop", "prep.bench.workloads:text_batch")
+    >>> w = user_workload("benchmarks.workloads:noop", "benchmarks.workloads:text_batch")
     >>> w.name, tuple(w.batch(3).shape)
     ('user:noop', (3, 512))
     """

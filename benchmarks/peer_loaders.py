@@ -1,8 +1,9 @@
-"""The data-loading libraries as row mappers: torchdata's ParallelMapper and the DataLoader.
+"""torchdata's ParallelMapper as a row mapper, on threads and on processes.
 
-Both are peers of :mod:`prep.bench.peers` on :class:`~prep.bench.peer_pools.PeerPool`;
-both are made to stream a data set once, not to map one batch after another,
-so each needs a way to stay warm between calls (see each class).
+Peers of :mod:`benchmarks.peers` on :class:`prep.bench.peers.PeerPool`, as the
+DataLoader is (:class:`prep.bench.peers.DataLoaderPeer`): both are made to
+stream a data set once, not to map one batch after another, so each needs a way
+to stay warm between calls (see :class:`TorchdataPeer`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from typing import Any
 
 import torch
 
-from .baselines import stack
-from .peer_pools import PeerPool, SharedInputs, chunk_size, shared_copy
-from .verify import leaves
+from prep.bench.peers import PeerPool, SharedInputs
 
-__all__ = ["ChunkCall", "DataLoaderPeer", "RowsDataset", "TorchdataPeer", "TorchdataProcesses"]
+__all__ = ["ChunkCall", "TorchdataPeer", "TorchdataProcesses"]
 
 
 class _Feed:
@@ -127,63 +126,3 @@ class TorchdataProcesses(SharedInputs, TorchdataPeer):
 
     method = "process"
     context = "forkserver"
-
-
-class RowsDataset(torch.utils.data.Dataset):
-    """A map-style data set whose item ``i`` is ``fn(*items[i])``."""
-
-    def __init__(self, call: Callable[..., Any], items: list[tuple[Any, ...]]) -> None:
-        self.call = call
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.call(*self.items[i])
-
-
-class DataLoaderPeer(PeerPool):
-    """``DataLoader(rows, batch_size=chunk, num_workers=workers, collate_fn=default_collate,
-    persistent_workers=True, multiprocessing_context="forkserver")`` as a row mapper.
-
-    Its workers get the data set once, when they start; so the data set holds
-    the rows as views of shared memory, and each call copies its batch in (the
-    one copy the other process pools pay too) before iterating. A list of
-    samples cannot be refilled that way: its workers keep the first call's.
-    The workers stack each chunk (into shared memory); the chunks are then
-    concatenated.
-    """
-
-    def run(self, batch: Any) -> Any:
-        if self._pool is None:
-            self._shared = shared_copy(batch)
-            self._pool = self._loader(self._shared, self._stack)
-        else:
-            for mine, given in zip(leaves(self._shared), leaves(batch)):
-                mine.copy_(given)
-        return stack(list(self._pool), join=torch.cat)
-
-    def _loader(self, shared: Any, stack: contextlib.ExitStack) -> Any:
-        from torch.utils.data import DataLoader, default_collate
-
-        items = self.rows.items(shared)
-        loader = DataLoader(
-            RowsDataset(self.rows.call, items),
-            batch_size=chunk_size(len(items), self.workers),
-            num_workers=self.workers,
-            collate_fn=default_collate,
-            persistent_workers=True,
-            multiprocessing_context="forkserver",
-        )
-        stack.callback(_stop_loader, loader)
-        return loader
-
-
-def _stop_loader(loader: Any) -> None:
-    # no public close: persistent workers stop when the loader's iterator is collected.
-    # Do it now (what its __del__ calls), instead of whenever the GC gets to it
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-    loader._iterator = None

@@ -1,5 +1,5 @@
 """JSON documents as samples, for the ``json_parse`` workload of
-:mod:`prep.bench.libraries`: Python's ``json`` parsing a str a row, GIL-bound."""
+:mod:`benchmarks.libraries`: Python's ``json`` parsing a str a row, GIL-bound."""
 
 from __future__ import annotations
 

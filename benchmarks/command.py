@@ -1,12 +1,7 @@
-"""``prep bench``: its arguments and its handler; ``prep/cli`` registers them.
+"""``python -m benchmarks``: its arguments (:func:`configure`) and its handler (:func:`command`).
 
-Wiring it into a CLI takes one of::
-
-    bench.add_parser(subparsers)                                 # plain argparse
-    COMMANDS["bench"] = Command(bench.HELP, bench.configure, bench.command)
-
-The handler only parses and calls :func:`prep.bench.run`. ``--peers`` adds the
-tools people use instead of prep (:mod:`prep.bench.peers`) to every group,
+The handler only parses and calls :func:`benchmarks.harness.run`. ``--peers`` adds the
+tools people use instead of prep (:mod:`benchmarks.peers`) to every group,
 and the real libraries' workloads to the default ones. Exit codes: 0 the
 bench ran (an executor that cannot run a workload, e.g. ``vmap`` on a row
 function that calls ``.item()``, is a finding: a failed cell in the table);
@@ -22,9 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from prep.errors import ConfigError
 
-__all__ = ["HELP", "add_parser", "command", "configure", "grid_from", "main"]
+from . import harness
+from .grid import DEFAULT_WORKLOADS, PEER_WORKLOADS, QUICK_PEER_WORKLOADS, Grid, is_count, variants
+from .peers import PEERS
+from .report import alternatives_table, summary, terminal_table
+from .workloads import user_workload
+
+__all__ = ["HELP", "PROG", "command", "configure", "grid_from", "main"]
+
+PROG = "python -m benchmarks"
 
 HELP = "time every executor side by side on built-in workloads (or yours): who wins where"
 
@@ -36,8 +39,6 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of integers; e.g. 16,64,256"
         ) from None
-    from .grid import is_count  # the Grid's own check (imported late: `prep --help` stays fast)
-
     if not all(is_count(v) for v in values):
         raise argparse.ArgumentTypeError(f"{text!r} has a value < 1; every value must be >= 1")
     return values
@@ -61,9 +62,7 @@ def _seconds(text: str) -> float:
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    """Add ``prep bench``'s arguments to ``p``."""
-    from .grid import DEFAULT_WORKLOADS, variants
-
+    """Add the harness's arguments to ``p``."""
     p.add_argument(
         "--quick",
         action="store_true",
@@ -106,8 +105,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="limit per call of a prep executor, against hangs (default: none, as in map_rows)",
     )
-    from .peers import PEERS
-
     p.add_argument(
         "--peers",
         nargs="*",
@@ -118,26 +115,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``bench`` on ``subparsers`` (from ``add_subparsers()``); its handler is
-    :func:`command`, also set as the parser's ``handler`` default."""
-    p = subparsers.add_parser("bench", help=HELP, description=HELP)
-    configure(p)
-    p.set_defaults(handler=command)
-    return p
-
-
 def _split(values: Sequence[str] | None) -> tuple[str, ...] | None:
     if values is None:
         return None
     return tuple(part for v in values for part in v.split(",") if part)
 
 
-def grid_from(args: argparse.Namespace) -> Any:
-    """The :class:`~prep.bench.Grid` that ``args`` ask for."""
-    from .grid import PEER_WORKLOADS, QUICK_PEER_WORKLOADS, Grid
-    from .workloads import user_workload
-
+def grid_from(args: argparse.Namespace) -> Grid:
+    """The :class:`~benchmarks.grid.Grid` that ``args`` ask for."""
     if (args.fn is None) != (args.batch is None):
         given, missing = ("--fn", "--batch") if args.fn else ("--batch", "--fn")
         raise ConfigError(
@@ -167,8 +152,6 @@ def grid_from(args: argparse.Namespace) -> Any:
 
 def _peers(args: argparse.Namespace) -> tuple[str, ...] | None:
     """The peers ``--peers`` names (all of them when it names none); None without it."""
-    from .peers import PEERS
-
     given = getattr(args, "peers", None)
     if given is None:
         return None
@@ -177,8 +160,6 @@ def _peers(args: argparse.Namespace) -> tuple[str, ...] | None:
 
 def command(args: argparse.Namespace) -> int:
     """Run the bench ``args`` describe, print the table and the summary; the exit code."""
-    from . import harness
-    from .report import alternatives_table, summary, terminal_table
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -186,11 +167,12 @@ def command(args: argparse.Namespace) -> int:
     try:
         grid = grid_from(args)
     except ConfigError as exc:
-        print(f"prep bench: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     counts = [len(grid.workloads), len(grid.rows), len(grid.workers), len(grid.executors)]
     progress(
-        "prep bench: {} workload(s) x {} rows x {} workers x {} variant(s), ".format(*counts)
+        f"{PROG}: "
+        + "{} workload(s) x {} rows x {} workers x {} variant(s), ".format(*counts)
         + (f"{len(grid.peers)} peer(s), " if grid.peers else "")
         + f"{grid.repeat} repeats; writing to {args.out}"
     )
@@ -207,7 +189,7 @@ def command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m prep.bench [...]``: the same arguments as ``prep bench``."""
-    parser = argparse.ArgumentParser(prog="prep bench", description=HELP)
+    """``python -m benchmarks [...]``: the harness over ``argv`` (default: the command line)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=HELP)
     configure(parser)
     return command(parser.parse_args(argv))

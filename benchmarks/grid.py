@@ -1,11 +1,11 @@
-"""What ``prep bench`` times: the variants, by name, and the grid of settings to time them in.
+"""What a benchmarks run times: the variants, by name, and the grid of settings to time them in.
 
 A *variant* is a way to run a workload: an executor of the registry, ``auto``
 (warm), ``auto_first`` (its first call, calibration included), or one of two
-baselines people write without prep (:mod:`prep.bench.baselines`): ``loop`` (a
+baselines people write without prep (:mod:`benchmarks.baselines`): ``loop`` (a
 Python loop and ``torch.stack``) and ``plain_joblib`` (``joblib.Parallel`` over
 row views). With ``peers``, the tools people use instead of prep
-(:mod:`prep.bench.peers`) are variants too, each warm and on its first call.
+(:mod:`benchmarks.peers`) are variants too, each warm and on its first call.
 :class:`Grid` names the workloads, variants, peers, rows per batch and workers
 to time, and how often.
 """
@@ -16,9 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
-from ..executors import available_cores
-from ..registry import EXECUTORS as REGISTRY
+from prep.bench.race import is_count
+from prep.errors import ConfigError
+from prep.executors import available_cores
+from prep.registry import EXECUTORS as REGISTRY
+
 from .libraries import LIBRARY_WORKLOADS
 from .peers import PEERS, first_call
 from .workloads import WORKLOADS, Workload
@@ -82,11 +84,6 @@ def default_workers() -> tuple[int, ...]:
     return tuple(sorted({1, available_cores()}))
 
 
-def is_count(value: object) -> bool:
-    """Whether ``value`` is a positive int (a bool is not one, though Python says it is an int)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
 def label(name: str) -> str:
     """How a variant is named in tables and pictures."""
     return LABELS.get(name, name)
@@ -106,10 +103,10 @@ def is_peer(name: str) -> bool:
 class Grid:
     """Which workloads, variants, peers, rows per batch and workers to time, and how often.
 
-    ``workloads`` are names of :data:`prep.bench.workloads.WORKLOADS` or of
-    :data:`prep.bench.libraries.LIBRARY_WORKLOADS`, or
-    :class:`~prep.bench.workloads.Workload` objects; ``peers`` names of
-    :data:`prep.bench.peers.PEERS` (none by default); ``timeout`` bounds each call
+    ``workloads`` are names of :data:`benchmarks.workloads.WORKLOADS` or of
+    :data:`benchmarks.libraries.LIBRARY_WORKLOADS`, or
+    :class:`~benchmarks.workloads.Workload` objects; ``peers`` names of
+    :data:`benchmarks.peers.PEERS` (none by default); ``timeout`` bounds each call
     of a prep executor (seconds; None, the default, as in ``map_rows``), not a peer's.
     """
 

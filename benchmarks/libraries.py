@@ -21,7 +21,7 @@ inside the functions, so this module imports without them; :func:`available` say
 which workloads can run here and why the others cannot. Every batch factory is
 deterministic (fixed seeds).
 
->>> from prep.bench.libraries import LIBRARY_WORKLOADS, available
+>>> from benchmarks.libraries import LIBRARY_WORKLOADS, available
 >>> ok, skipped = available()
 >>> sorted(set(ok) | set(skipped)) == sorted(LIBRARY_WORKLOADS)
 True

@@ -4,22 +4,11 @@ from __future__ import annotations
 
 import math
 
+from prep.bench.timing import ms, times
+
 from .results import Cell
 
 __all__ = ["group_line", "ms", "note", "rate", "startup", "times"]
-
-
-def ms(seconds: float | None) -> str:
-    """Milliseconds, 3 significant digits but never in e-notation."""
-    if seconds is None:
-        return "-"
-    ms = seconds * 1e3
-    return f"{ms:,.0f}" if abs(ms) >= 100 else f"{ms:.3g}"
-
-
-def times(ratio: float | None) -> str:
-    """A ratio as ``1.23x``."""
-    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def rate(cell: Cell) -> str:

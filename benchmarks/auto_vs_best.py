@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry import EXECUTORS as REGISTRY
+from prep.registry import EXECUTORS as REGISTRY
+
 from .grid import AUTO, AUTO_FIRST
 from .results import Cell, Results
 

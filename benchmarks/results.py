@@ -1,15 +1,15 @@
-"""What ``prep bench`` finds: one cell per variant and group, start-up probes, the results.
+"""What a benchmarks run finds: one cell per variant and group, start-up probes, the results.
 
 A *group* is one workload at one rows-per-batch and one workers setting (the
-variants and the grid are :mod:`prep.bench.grid`'s); its *winner* is the
+variants and the grid are :mod:`benchmarks.grid`'s); its *winner* is the
 contender with the lowest median (auto is judged against it, not a contender,
 and neither is a first call or an estimated cell; the peers are contenders).
 
 These are the figures and nothing made of them: what they say about auto is
-:mod:`prep.bench.auto_vs_best`'s judgement, about prep against its peers
-:mod:`prep.bench.alternatives`'s, and the table, the report, the summary and the
-pictures are drawn from them by :mod:`~prep.bench.report`, :mod:`~prep.bench.summary`
-and :mod:`~prep.bench.plots`. Each reads a Results; none is part of it.
+:mod:`benchmarks.auto_vs_best`'s judgement, about prep against its peers
+:mod:`benchmarks.alternatives`'s, and the table, the report, the summary and the
+pictures are drawn from them by :mod:`~benchmarks.report`, :mod:`~benchmarks.summary`
+and :mod:`~benchmarks.plots`. Each reads a Results; none is part of it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..executors import available_cores
+from prep.executors import available_cores
+
 from .grid import AUTO, AUTO_FIRST, FIRST_CALLS, PLAIN_JOBLIB, POOLS, label
 from .peers import PEERS as PEER_NAMES
 
@@ -138,7 +139,7 @@ class Startup:
 
 @dataclass
 class Results:
-    """Everything one ``prep bench`` run found; ``to_dict()`` is ``results.json``."""
+    """Everything one ``python -m benchmarks`` run found; ``to_dict()`` is ``results.json``."""
 
     environment: dict[str, Any]
     grid: dict[str, Any]
@@ -179,7 +180,7 @@ class Results:
 
     def to_dict(self) -> dict[str, Any]:
         """Every figure as JSON types (what they add up to is the analyses' and the
-        report's: :func:`prep.bench.report.write` adds them to results.json)."""
+        report's: :func:`benchmarks.report.write` adds them to results.json)."""
         found = {
             "schema": SCHEMA,
             "environment": self.environment,

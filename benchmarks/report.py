@@ -1,4 +1,4 @@
-"""How ``prep bench`` results read: the terminal table, the summary, report.md and the files.
+"""How a benchmarks run reads: the terminal table, the summary, report.md and the files.
 
 :func:`write` puts everything into one folder::
 
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prep.bench.timing import table
+
 from .alternatives import against_peers
 from .auto_vs_best import summarize
 from .cell_text import ms, note, rate, startup, times
@@ -25,7 +27,6 @@ from .grid import AUTO, AUTO_FIRST, LOOP, PLAIN_JOBLIB, label
 from .peers import NOTES as PEER_NOTES
 from .results import Cell, Results
 from .summary import summary
-from .timing import table
 
 __all__ = ["alternatives_table", "markdown", "summary", "terminal_table", "write"]
 
@@ -100,7 +101,7 @@ def markdown(results: Results, plots: list[str] | None = None) -> str:
     """report.md: environment, summary, auto vs the winner, start-up, one table per workload."""
     env = results.environment
     grid = results.grid
-    out = ["# prep bench", ""]
+    out = ["# prep benchmarks", ""]
     out.append(
         table(
             [[k, str(v)] for k, v in env.items()] + [["wall time", f"{results.wall_s:.0f} s"]],

@@ -15,47 +15,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..ops._checks import Number, Side, check_lengths, check_options, check_tensors
+from prep.bench.peers import rows_of_batch, stack
+from prep.bench.verify import leaves
+from prep.ops._checks import Number, Side, check_lengths, check_options, check_tensors
 
-__all__ = ["loop_stack", "plain_joblib", "rows_of_batch", "side_context_loop", "stack"]
-
-
-def rows_of_batch(
-    batch: Any, *, samples: bool = False
-) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """``(args, kwargs)`` of each row, as a plain loop over ``batch`` would make them.
-
-    ``samples=True``: ``batch`` is a list of samples for ``map_samples``, one argument each.
-    """
-    if samples:
-        return [((sample,), {}) for sample in batch]
-    if isinstance(batch, torch.Tensor):
-        return [((row,), {}) for row in batch]
-    if isinstance(batch, (tuple, list)):
-        return [(row, {}) for row in zip(*batch)]
-    if isinstance(batch, dict):
-        names = list(batch)
-        return [((), dict(zip(names, row))) for row in zip(*batch.values())]
-    raise TypeError(
-        f"a batch is a Tensor, a tuple/list or a dict of Tensors, got {type(batch).__name__}; "
-        f"make the --batch factory return one of those"
-    )
+__all__ = ["loop_stack", "nbytes", "plain_joblib", "side_context_loop"]
 
 
-def stack(results: list[Any], join: Callable[[list[Tensor]], Tensor] = torch.stack) -> Any:
-    """``torch.stack`` of row results that are Tensors, tuples or dicts of Tensors
-    (``join=torch.cat``: of chunk results, each already stacked)."""
-    first = results[0]
-    if isinstance(first, torch.Tensor):
-        return join(results)
-    if isinstance(first, (tuple, list)):
-        return tuple(join(list(col)) for col in zip(*results))
-    if isinstance(first, dict):
-        return {k: join([r[k] for r in results]) for k in first}
-    raise TypeError(
-        f"the row function returned a {type(first).__name__}; the baselines stack "
-        f"Tensors, tuples or dicts of Tensors only"
-    )
+def nbytes(value: Any) -> int:
+    """Bytes of the storages behind ``value``'s tensors (what pickling a view ships, as
+    :func:`plain_joblib` does with every row)."""
+    return sum(t.untyped_storage().nbytes() for t in leaves(value))
 
 
 def loop_stack(fn: Callable[..., Any], batch: Any, *, samples: bool = False) -> Any:
@@ -99,7 +69,7 @@ def side_context_loop(
     The baseline :func:`side_context` is measured against; same results, bit for bit.
 
     >>> import torch
-    >>> from prep.bench.baselines import side_context_loop
+    >>> from benchmarks.baselines import side_context_loop
     >>> side_context_loop(torch.arange(1, 7)[None], torch.tensor([[0, 0, 1, 0, 0, 0]]),
     ...                   side="left", max_len=3)
     tensor([[0, 1, 2]])

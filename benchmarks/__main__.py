@@ -1,4 +1,4 @@
-"""``python -m prep.bench``: the same as ``prep bench``."""
+"""``python -m benchmarks``: the harness over every built-in workload (``--help``)."""
 
 from __future__ import annotations
 
