@@ -1,5 +1,7 @@
 """One batch, start to end: rows -> executor -> output -> device, and what the call
-returns (the output, and the lengths and valid mask it was asked for).
+returns (the output, and the lengths and valid mask it was asked for). Every entry
+comes here (``map_rows``, a Pool's calls and streams, ``Collate``, ``prep run``),
+each having checked that the row function is one (``core.checks.check_fn``).
 
 Failed rows (``on_error='fill'``/``'skip'``) are filled as they fail, wherever
 they ran; a call that had any warns once; ``'skip'`` then keeps the valid rows,
@@ -15,12 +17,14 @@ import torch
 from torch import Tensor
 
 from ._progress import RowProgress
+from .core.checks import check_row_call
 from .core.options import Options, Returns
 from .core.output import Output, Result
 from .core.padding import given_padded
-from .core.policy import Failures, Policy
+from .core.policy import Failures, Policy, ResultCheck
 from .core.rows import Rows
 from .core.rowwise import twin_of
+from .core.state import WithState
 from .core.trust import check_named
 from .errors import ConfigError, RowError
 from .executors import Executor, Job, copy_rows
@@ -28,7 +32,13 @@ from .executors import Executor, Job, copy_rows
 
 def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:
     """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it with ``options``."""
+    if isinstance(fn, WithState):  # setup=: the function itself, given state= too
+        check_row_call(fn.fn, rows, state=True)
+    else:
+        check_row_call(fn, rows)
     n, policy, device = len(rows), options.policy, options.device
+    if policy.per_row_errors:  # a bad result (None, another dtype) then fails its row only
+        rows = rows.checking(ResultCheck(policy.padding is not None, options.out))
     given = _given(options.out, n, policy)
     pin = device is not None and device.type == "cuda" and rows.device.type == "cpu"
     bar = RowProgress(n) if options.progress else None

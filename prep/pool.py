@@ -2,9 +2,9 @@
 pools behind ``prep.map_rows``, which hold the only warm executors prep keeps
 without a Pool of yours.
 
-    prep.map_rows ──▶ SHARED.pool(executor, workers, setup) ──▶ Pool.run ──▶ run_batch
-    Pool.map_rows ──────────────────────────────────────────────▶ Pool.run ──▶ run_batch
-    Collate       ──▶ its own Pool ─────────────────────────────▶ Pool.run ──▶ run_batch
+    prep.map_rows ──▶ SHARED.pool(executor, workers, setup) ──▶ Pool.run ──▶ _batch.run
+    Pool.map_rows ──────────────────────────────────────────────▶ Pool.run ──▶ _batch.run
+    Collate       ──▶ its own Pool ─────────────────────────────▶ Pool.run ──▶ _batch.run
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import _batch
 from ._explanation import Explanation
-from ._warm import Warm, run_batch
+from ._warm import Warm
 from ._warn import Site, pointing_at, warn
 from .auto import AutoExecutor, Calibration
+from .core.checks import check_fn
 from .core.options import DEFAULT, CallOptions, Options
 from .core.rows import Rows, rows_of, samples_of
 from .core.state import Binder
@@ -101,26 +103,27 @@ class Pool:
         """:func:`prep.map_rows` with this pool's executor, workers and states; the same
         options (``out``, ``pad``, ``on_error``, ...), ``device``, ``timeout`` and
         ``progress`` defaulting to the pool's."""
-        return self.run(fn, rows_of(batch), Options.of("Pool.map_rows", options, self._defaults))
+        rows, given = rows_of(batch), Options.of("Pool.map_rows", options, self._defaults)
+        check_fn(fn, batch, "map_rows", "batch")
+        return self.run(fn, rows, given)
 
     def map_samples(
         self, fn: Callable[[Any], Any], samples: Sequence[Any], **options: Unpack[CallOptions]
     ) -> Any:
         """:func:`prep.map_samples` with this pool's executor, workers and states."""
-        return self.run(
-            fn, samples_of(samples), Options.of("Pool.map_samples", options, self._defaults)
-        )
+        rows, given = samples_of(samples), Options.of("Pool.map_samples", options, self._defaults)
+        check_fn(fn, samples, "map_samples", "samples")
+        return self.run(fn, rows, given)
 
     def run(self, fn: Callable[..., Any], rows: Rows, options: Options = DEFAULT) -> Any:
-        """The typed form of :meth:`map_rows`: ``rows`` already split
+        """The typed form of :meth:`map_rows`: ``fn`` already checked to be callable
+        (``prep.core.checks.check_fn``), ``rows`` already split
         (``prep.core.rows.rows_of``/``samples_of``), ``options`` already checked
         (``prep.core.options.Options``, used as given: the pool's defaults are not applied)."""
         ex = self._get(runnable_here(self.executor))
         if self._binder is not None:
             fn = self._binder.bind(fn)
-        # every entry (map_rows, a Pool's calls, Collate) calls this, and this run_batch:
-        # prep._batch still counts these frames for serial's check's warning
-        return run_batch(ex, fn, rows, options)
+        return _batch.run(ex, fn, rows, options)
 
     def imap(
         self,
@@ -194,13 +197,13 @@ class Pool:
         each = options.with_(progress=False)  # the stream's bar counts batches
         rows_in = samples_of if samples else rows_of
 
-        def split(batch: Any) -> Any:
-            with pointing_at(site):
-                return self.run(fn, rows_in(batch), each)
-
         def finish(ex: Executor, rows: Rows) -> Any:
+            check_fn(fn, None, "map_rows", "batch")  # raised at the batch, as its errors are
             with pointing_at(site):
-                return run_batch(ex, bound, rows, each)
+                return _batch.run(ex, bound, rows, each)
+
+        def split(batch: Any) -> Any:
+            return finish(self._get(name), rows_in(batch))
 
         return self._streams.open(
             name, batches, prefetch, strategy, split, finish, bound, options,

@@ -111,7 +111,7 @@ class Sample:
         """A cursor over copies of the first ``k`` rows, into an output of its own:
         serial timed beside a batched form, which makes the real output."""
         job = self.job
-        return Cursor(Job.new(job.fn, job.rows.take(0, k), deadline=job.clock))
+        return Cursor(Job.new(job.fn, job.rows.take(0, k), deadline=job.deadline))
 
     def serial(self, budget_rows: int, cursor: RowCursor | None = None) -> None:
         """Seconds per row, as the serial executor runs them: blocks of 1, 2, 4 ... rows

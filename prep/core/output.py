@@ -51,9 +51,14 @@ def flatten(
     an error names ``what`` returned it (the row function on ``row``, if given)."""
     if isinstance(result, Tensor):
         return TENSOR, [result]
-    if isinstance(result, (tuple, list)) and all(isinstance(r, Tensor) for r in result):
+    # an empty tuple or dict holds no tensor: an output of no buffers has no rows
+    if isinstance(result, (tuple, list)) and result and all(isinstance(r, Tensor) for r in result):
         return Spec("tuple", n=len(result)), list(result)
-    if isinstance(result, Mapping) and all(isinstance(r, Tensor) for r in result.values()):
+    if (
+        isinstance(result, Mapping)
+        and result
+        and all(isinstance(r, Tensor) for r in result.values())
+    ):
         return Spec("dict", tuple(result), len(result)), list(result.values())
     if row is not None:
         what = f"{what}, on row {row},"
@@ -90,6 +95,8 @@ def fits(value: bool | int | float, dtype: torch.dtype) -> bool:
 
 
 def _describe(value: Any) -> str:
+    if isinstance(value, (tuple, list, Mapping)) and not value:
+        return f"an empty {type(value).__name__} ({value!r}), which holds no tensor"
     if isinstance(value, (tuple, list)):
         inner = ", ".join(type(v).__name__ for v in value[:4])
         return f"a {type(value).__name__} of ({inner})"

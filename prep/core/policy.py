@@ -17,6 +17,8 @@ from .output import Output, detached, flatten
 from .padding import Number, Padding
 
 ON_ERROR = ("raise", "fill", "skip")
+#: :attr:`ResultCheck.row` where ``out=`` holds the reference
+OUT = -1
 
 
 @dataclass(frozen=True)
@@ -125,11 +127,12 @@ class ResultCheck:
 
     def __init__(self, padded: bool, out: Any = None) -> None:
         self.padded = padded
-        self.first: tuple[Any, ...] | None = None
-        self.origin = "the first good row returned"
-        self.by_chunk: int | None = None  # the row whose chunk set the reference, if one did
+        self.first: tuple[Any, ...] | None = None  # the reference: (spec, leaves' layouts)
+        self.row: int | None = None  # the row that returned it (None: learned as rows ran)
+        # False where a lower chunk's first row may yet replace the reference (a chunk set
+        # it, or a worker's chunk learned its own): rows failed against it carry results
+        self.final = True
         self.admitted: list[tuple[int, int]] = []  # chunks' rows admitted under it
-        self.provisional = False  # a worker's chunk, checked against its own first row
         self.pending: dict[int, Any] = {}  # rows failed provisionally, with their results
         # chunks refused under a reference a lower chunk may replace: (chunk, its rows,
         # the rows the refusal failed)
@@ -137,9 +140,16 @@ class ResultCheck:
         if out is not None:
             try:
                 self.first = self._of(Output.given(out, len(flatten(out, "out=")[1][0])))
-                self.origin = "out= holds"
+                self.row = OUT
             except (TypeError, ValueError, IndexError):
                 pass  # the batch's own check of out= says what is wrong with it
+
+    @property
+    def origin(self) -> str:
+        """Whose result the reference is, for messages."""
+        if self.row is None:
+            return "the first good row returned"
+        return "out= holds" if self.row == OUT else f"row {self.row} returned"
 
     def _leaf(self, dtype: torch.dtype, shape: Sequence[int]) -> tuple[Any, ...]:
         return (dtype, len(shape)) if self.padded else (dtype, tuple(shape))
@@ -159,7 +169,7 @@ class ResultCheck:
             self.first = layout  # threads may race here: each with a good row's layout
         elif layout != self.first:
             error = StackError(self._differs(layout, "the row function returned"))
-            if self.provisional:  # the parent may find this row good: it travels along
+            if not self.final:  # the parent may find this row good: it travels along
                 error.result = detached(result)  # type: ignore[attr-defined]
             raise error
 
@@ -173,33 +183,25 @@ class ResultCheck:
         return self.first is not None and self._layout(result) == self.first
 
     def __getstate__(self) -> dict[str, Any]:
-        # to a worker: the reference only, not the parent's record of admitted chunks. A
-        # reference a chunk set may yet give way to a lower chunk's: rows failed against
-        # it travel back with their results, to be taken back then
-        provisional = self.provisional or self.by_chunk is not None
-        return {
-            **self.__dict__,
-            **{"admitted": [], "by_chunk": None, "pending": {}, "refused": []},
-            "provisional": provisional,
-        }
+        # to a worker: the reference only, not the parent's record of admitted chunks
+        return {**self.__dict__, "admitted": [], "pending": {}, "refused": []}
 
     def fresh(self) -> ResultCheck:
         """A copy with this one's reference (if any), that learns its own: a worker's
         chunk must not keep the reference an earlier chunk learned there (a bad row
         that came first in it would fail every row of the worker's later chunks)."""
         copy = ResultCheck(self.padded)
-        copy.first, copy.origin = self.first, self.origin
+        copy.first, copy.row = self.first, self.row
         # without a reference from the parent, this chunk's is its own first good row,
         # which the batch's may not be: rows failed against it carry their results
-        copy.provisional = self.first is None or self.provisional
+        copy.final = self.final and self.first is not None
         return copy
 
     def seed(self, out: Output) -> None:
         """The rows to come are checked against ``out`` (the batch's output, shaped by
         its first good row)."""
         if self.first is None:
-            self.first = self._of(out)
-            self.origin = f"row {out.first_row} returned"
+            self.first, self.row = self._of(out), out.first_row
 
     def admit(self, chunk: Output, start: int, stop: int) -> tuple[str | None, list[int]]:
         """A worker's chunk of rows ``start:stop`` against the reference: why its rows
@@ -213,11 +215,12 @@ class ResultCheck:
         if self.first is not None and layout == self.first:
             self.admitted.append((start, stop))
             return None, []
-        if self.first is not None and not (self.by_chunk is not None and row < self.by_chunk):
+        lower = not self.final and self.row is not None and row < self.row
+        if self.first is not None and not lower:
             return self._differs(layout, f"row {row} returned"), []
         dropped = [i for a, b in self.admitted for i in range(a, b)]
-        old, old_row = self.first, self.by_chunk
-        self.first, self.origin, self.by_chunk = layout, f"row {row} returned", row
+        old, old_row = self.first, self.row
+        self.first, self.row, self.final = layout, row, False
         self.admitted = [(start, stop)]
         if old is None or not dropped:
             return None, []

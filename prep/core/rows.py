@@ -78,17 +78,6 @@ class Rows(ABC):
         function that changes its input in place changes the copy only)."""
 
     @abstractmethod
-    def chunk(self, start: int, stop: int) -> Any:
-        """What a worker process needs, beyond :meth:`shell`, to run rows ``start:stop``."""
-
-    @abstractmethod
-    def shell(self) -> Rows:
-        """The part sent to a worker once per batch; ``with_chunk`` completes it."""
-
-    @abstractmethod
-    def with_chunk(self, payload: Any) -> Rows: ...
-
-    @abstractmethod
     def layout(self) -> Any:
         """What, besides the number of rows, makes batches alike for auto: its cached
         choice for one holds for the others."""
@@ -160,17 +149,6 @@ class TensorRows(Rows):
     def replace(self, columns: Sequence[Tensor]) -> TensorRows:
         return TensorRows(tuple(columns), self.names, check=self.check)
 
-    def chunk(self, start: int, stop: int) -> ResultCheck | None:
-        # the columns already live in shared memory; the result check goes along as it
-        # is now, so a worker checks against the reference the batch has found so far
-        return self.check
-
-    def shell(self) -> TensorRows:
-        return TensorRows((), self.names, check=self.check)  # the worker adds its columns
-
-    def with_chunk(self, payload: Any) -> TensorRows:
-        return self if payload is None else self.checking(payload)
-
     def take(self, start: int, stop: int) -> TensorRows:
         """Rows ``start:stop`` as tensors that own their memory (cheap to pickle)."""
         columns = tuple(c[start:stop].clone() for c in self.columns)
@@ -220,15 +198,6 @@ class SampleRows(Rows):
         """These rows, each row's result checked by ``check`` as it returns."""
         return SampleRows(self.samples, self.offset, check)
 
-    def chunk(self, start: int, stop: int) -> SampleRows:
-        return self.take(start, stop)
-
-    def shell(self) -> SampleRows:
-        return SampleRows((), check=self.check)
-
-    def with_chunk(self, payload: Any) -> SampleRows:
-        return payload
-
     def head(self, stop: int) -> SampleRows:
         """The first ``stop`` rows."""
         return SampleRows(self.samples[:stop], self.offset, self.check)
@@ -253,28 +222,32 @@ class SampleRows(Rows):
 
 
 class _RawTensorPickler(pickle.Pickler):
-    """Pickles plain CPU tensors as their raw bytes (only their own elements, not the
-    storage a view may share with a whole data set). A tensor that requires grad
-    travels detached: workers get data, never autograd history (torch refuses to
-    pickle a non-leaf one at all)."""
+    """Pickles every tensor :func:`raw_tensor` can as its raw bytes."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if (
-            type(obj) is Tensor
-            and obj.device.type == "cpu"
-            and obj.layout == torch.strided
-            and not obj.is_quantized
-        ):
-            t = obj.detach().resolve_conj().resolve_neg().contiguous()
-            data = ctypes.string_at(t.data_ptr(), t.nbytes)
-            return (_raw_tensor, (data, t.dtype, tuple(t.shape)))
+        if type(obj) is Tensor and (reduced := raw_tensor(obj)) is not None:
+            return reduced
         return NotImplemented
 
 
-def _raw_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+def raw_tensor(t: Tensor) -> tuple[Any, ...] | None:
+    """The pickle reduction of a plain CPU tensor as its raw bytes: only its own
+    elements, not the storage a view may share with a whole data set, and detached
+    (workers get data, never autograd history; torch refuses to pickle a non-leaf
+    tensor at all). None for another device, layout or a quantized tensor."""
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+        return None
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    return _raw, (ctypes.string_at(t.data_ptr(), t.nbytes), t.dtype, tuple(t.shape))
+
+
+def _raw(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+    """A tensor of its own, its bytes copied in (not a view of the pickle's buffer: it
+    may become the caller's result as it is)."""
+    t = torch.empty(shape, dtype=dtype)
+    if data:
+        ctypes.memmove(t.data_ptr(), data, len(data))
+    return t
 
 
 def _load_samples(blob: bytes, offset: int, check: ResultCheck | None = None) -> SampleRows:

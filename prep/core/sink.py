@@ -16,9 +16,8 @@ from typing import Any
 
 from ..errors import RowError, WorkerCrashed
 from .output import Output
-from .pad_options import Padding
 from .padding import allocate
-from .policy import Failures
+from .policy import RAISE, Failures, Policy
 
 __all__ = ["Sink"]
 
@@ -29,8 +28,7 @@ class Sink:
     batch), its failed rows, and whom to tell as rows finish."""
 
     rows: int
-    padding: Padding | None = None  # pad=: the output grows to the longest row
-    fill: Any = None  # a failed row's value (None: the pad value, else 0)
+    policy: Policy = RAISE  # its padding (the output grows to the longest row), its fill
     offset: int = 0
     output: Output | None = None
     pin: bool = False  # allocate the output in pinned memory (a CUDA copy follows)
@@ -45,7 +43,7 @@ class Sink:
                 allocate(
                     result,
                     self.rows,
-                    padding=self.padding,
+                    padding=self.policy.padding,
                     row=i,
                     pin=self.pin,
                     shared=shared or self.shared,
@@ -59,7 +57,7 @@ class Sink:
         """``output`` becomes the batch's, filled where rows failed before it existed."""
         self.output = output
         for row in self.failures.rows():
-            output.fail(row, self.fill)
+            output.fail(row, self.policy.fill)
 
     def merge(self, chunk: Output) -> None:
         """A worker's chunk of rows into the output (made like it, if there is none). A
@@ -91,7 +89,7 @@ class Sink:
         """Row ``i`` failed under ``on_error='fill'``/``'skip'``: noted, and filled."""
         self.failures.add(i, error)
         if self.output is not None:
-            self.output.fail(i, self.fill)
+            self.output.fail(i, self.policy.fill)
 
     def killed(self, i: int, worker: str, how: str = "") -> None:
         """Row ``i`` killed ``worker`` (e.g. "worker pid 12") while it ran alone: a failed

@@ -16,7 +16,6 @@ shared-memory segment costs more than copying a few kilobytes.
 from __future__ import annotations
 
 import copyreg
-import ctypes
 import io
 import os
 import pickle
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..core.output import shared_empty
+from ..core.rows import raw_tensor
 
 __all__ = ["recv", "send"]
 
@@ -52,9 +52,8 @@ class _Pickler(pickle.Pickler):
     def _tensor(self, obj: Tensor) -> Any:
         if obj.device.type != "cpu" or obj.requires_grad:
             return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # torch's own way
-        if obj.nbytes <= INLINE:
-            t = obj.contiguous()
-            return _raw, (ctypes.string_at(t.data_ptr(), t.nbytes), t.dtype, tuple(t.shape))
+        if obj.nbytes <= INLINE and (reduced := raw_tensor(obj)) is not None:
+            return reduced
         storage = obj.untyped_storage()
         fd_size = _fd_of(storage) if storage.is_shared() else None
         if fd_size is None:  # a copy in shared memory; the caller's stays as it is
@@ -86,15 +85,6 @@ def _fd_of(storage: Any) -> tuple[int, int] | None:
 
 #: the descriptors of the message this thread is loading, and the storages made of them
 _loading = threading.local()
-
-
-def _raw(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
-    """A small tensor that travelled inside the message: a tensor of its own (it may
-    become the caller's result as it is), its bytes copied in."""
-    t = torch.empty(shape, dtype=dtype)
-    if data:
-        ctypes.memmove(t.data_ptr(), data, len(data))
-    return t
 
 
 def _shared(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.output import Output
@@ -59,12 +59,13 @@ class Job:
     rows: Rows
     sink: Sink
     policy: Policy = RAISE  # padding, and what a failing row does
-    timeout: float | None = None
     start: int = 0
-    deadline: Deadline | None = None  # another job's, to share it; else one from ``timeout``
+    deadline: Deadline = field(default_factory=lambda: Deadline(None))  # shared by its parts
 
-    def __post_init__(self) -> None:
-        self.clock = self.deadline or Deadline(self.timeout)
+    @property
+    def timeout(self) -> float | None:
+        """The batch's timeout as the caller gave it (None: no limit)."""
+        return self.deadline.timeout
 
     @classmethod
     def new(
@@ -82,11 +83,8 @@ class Job:
     ) -> Job:
         """A job of ``rows`` writing into ``output`` (None: allocated from the first
         result, in pinned memory with ``pin``, in shared memory with ``shared``)."""
-        sink = Sink(
-            len(rows), policy.padding, policy.fill, rows.offset, output, pin, shared,
-            progress=progress,
-        )  # fmt: skip
-        return cls(fn, rows, sink, policy, timeout, deadline=deadline)
+        sink = Sink(len(rows), policy, rows.offset, output, pin, shared, progress=progress)
+        return cls(fn, rows, sink, policy, deadline=deadline or Deadline(timeout))
 
     def part(self, start: int, stop: int | None = None) -> Job:
         """Rows ``start:stop`` of this batch, written into this job's output (which must
@@ -95,20 +93,17 @@ class Job:
         if stop is not None and stop < len(rows):
             assert self.sink.output is not None, "a part up to a stop writes into an output"
             rows = rows.head(stop)  # rows past stop are not run, so none is written
-        return dataclasses.replace(self, rows=rows, start=start, deadline=self.clock)
+        return dataclasses.replace(self, rows=rows, start=start)
 
     def strict(self) -> Job:
         """This job with ``on_error='raise'``: for a batched call, which cannot keep a
         failing row's error to that row (the caller then runs the rows one by one)."""
         policy = Policy(self.policy.padding)
-        return dataclasses.replace(self, policy=policy, deadline=self.clock)
-
-    def restart_clock(self) -> None:
-        self.clock.restart()
+        return dataclasses.replace(self, policy=policy)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no timeout)."""
-        return self.clock.remaining()
+        return self.deadline.remaining()
 
     def timed_out(self, what_now: str) -> BatchTimeout:
         """The error for a batch past its deadline; ``what_now`` says what was done."""

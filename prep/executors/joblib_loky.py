@@ -139,7 +139,7 @@ class JoblibExecutor(Executor):
                 initargs=(threads,),
             )
             self._wait_for_workers()
-            job.restart_clock()
+            job.deadline.restart()
         return self._pool
 
     def _wait_for_workers(self, limit: float = 60.0) -> None:

@@ -180,9 +180,13 @@ def _vmap_error(job: Job, exc: Exception) -> Exception:
     if len(job.rows) <= job.start:
         return exc
     try:
-        job.rows.take(job.start, job.start + 1).call(job.fn, job.start)
+        result = job.rows.take(job.start, job.start + 1).call(job.fn, job.start)
     except Exception:
         return exc  # the function fails on its own: its error, not vmap's
+    try:  # a result no executor could store (None, an empty tuple): the one error all give
+        flatten(result, row=job.start)
+    except TypeError as own:
+        return own
     text = str(exc).strip()
     reason = text.splitlines()[0].rstrip(".") if text else type(exc).__name__
     return VmapUnsupported(

@@ -110,14 +110,11 @@ class RunConfig:
 
     def unpack(self, result: Any) -> tuple[Any, Any, Tensor | None, dict[int, BaseException]]:
         """``map_rows``'s answer to :meth:`row_options` as (output, lengths or None, valid
-        mask or None, the failed rows' errors)."""
-        if not self.padded and self.on_row_error == "raise":
-            return result, None, None, {}
-        out, *extra = result
-        lengths = extra.pop(0) if self.padded else None
-        if self.on_row_error == "raise":
-            return out, lengths, None, {}
-        valid, errors = extra
+        mask or None, the failed rows' errors): what those options asked back."""
+        asked = self.row_options().returns
+        out, *extra = result if asked.lengths or asked.valid else (result,)
+        lengths = extra.pop(0) if asked.lengths else None
+        valid, errors = extra if asked.valid else (None, {})
         return out, lengths, valid, errors
 
     def row_flags(self) -> str:
