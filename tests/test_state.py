@@ -38,8 +38,10 @@ def test_setup_runs_once_per_worker_and_the_state_is_kept(no_leaks, executor):
         second[:, 3], rows().flatten()
     )
     states = {tuple(r[:3].tolist()) for r in torch.cat([first, second])}
-    kept = {tuple(r[:3].tolist()) for r in second} <= {tuple(r[:3].tolist()) for r in first}
-    assert kept and len(states) <= 2  # the second batch reuses the first's states
+    # one state per worker over both batches: the second reuses what the first built. (Not
+    # "the second's states are the first's": on a busy machine one worker may take every
+    # part of the first batch, and the other then builds its one state in the second.)
+    assert len(states) == len({(pid, thread) for pid, thread, _ in states}) <= 2
     pids = [pid for pid, _, _ in states]
     if executor == "serial":
         assert len(states) == 1  # one per pool
