@@ -13,13 +13,12 @@ import math
 from ..executors import REGISTRY, Job
 from ._cost import CostModel
 from ._sample import Sample
+from .models import model
 
 
 def batched_form(job: Job, allow_processes: bool) -> type[CostModel] | None:
     """The batched form auto tries on ``job``: the first of the registry's batched
     forms not ruled out for it (a twin the user wrote comes before vmap)."""
-    from .models import model  # the table of models names these forms' own
-
     forms = (
         model(name)
         for name, kind in REGISTRY.items()

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from ..core.state import setup_seconds
 from ..core.trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
-from ..executors import Executor, Job
+from ..executors import Executor, Job, traits_of
 from ._decisions import Decisions
 from ._sample import now
 from .models import model
@@ -48,25 +48,26 @@ class Starter:
         """Start what pays before this batch (rent or buy); child processes only where
         ``allow`` (not inside a DataLoader worker)."""
         for name in d.cal.to_start():
-            if allow or not self._get(name).traits.needs_processes:
+            if allow or not traits_of(name).needs_processes:
                 self._plan(d, name, job)
 
     def _plan(self, d: Decisions, name: str, job: Job) -> None:
         cal = d.cal
         ex = self._get(name)
         rows = len(job.rows) - job.start
-        start = model(name).start_cost(ex)
+        cost = model(name)
+        start = cost.start_cost(ex)
         # each new worker builds its own state first: setup=, once per worker, counted
         # as the CPU time it takes (a 2 s model on two workers is 4 s to win back)
         cal.setup_seconds = setup_seconds(job.fn)
         setup = cal.setup_seconds * self.workers
         if start is None:  # not known before it has warmed up: warm it, in the background
-            failed = model(name).start_failure()
+            failed = cost.start_failure()
             if failed:
                 d.drop(name, f"its workers could not start here ({failed})")
             elif (
-                d.plan_warm_up(name, (model(name).warm_up_cost() or SERVER_PRIOR) + setup, rows)
-                and model(name).warm_up()
+                d.plan_warm_up(name, (cost.warm_up_cost() or SERVER_PRIOR) + setup, rows)
+                and cost.warm_up()
             ):
                 cal.events.note(
                     f"batch {cal.batches + 1}: prep's forkserver starting in the background "
@@ -84,7 +85,7 @@ class Starter:
             return
         d.probe = (job, probe)  # compared with the workers' rows of this very batch
         try:
-            took = model(name).prepare(ex, job.fn, job.remaining())
+            took = cost.prepare(ex, job.fn, job.remaining())
         except ExecutorUnavailable as exc:
             with self._lock:
                 d.drop(name, f"its workers could not load the function: {exc}")

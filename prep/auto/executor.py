@@ -27,7 +27,7 @@ from typing import Any
 from .._warn import warn
 from ..core.output import Output
 from ..errors import ExecutorUnavailable
-from ..executors import REGISTRY, Executor, Job, Traits, in_worker_process
+from ..executors import REGISTRY, Executor, Job, Traits, in_worker_process, traits_of
 from ._batched import batched_form
 from ._decisions import Decisions
 from ._memory import Memory
@@ -125,7 +125,7 @@ class AutoExecutor(Executor):
         if (
             d is not None
             and not allow
-            and any(REGISTRY[p].traits.needs_processes for p in d.cal.predicted)
+            and any(traits_of(p).needs_processes for p in d.cal.predicted)
         ):
             d = None  # a choice made where processes were allowed: measure again here
         if d is None and (d := self._memory.recall(job, allow)) is not None:
@@ -175,7 +175,7 @@ class AutoExecutor(Executor):
         """Run the rows left with ``name``, timed; fall back when it cannot run here."""
         cal, start, cuda = d.cal, job.start, on_cuda(job.rows)
         # rows computed in another interpreter are compared with serial's, once
-        check = self._get(name).traits.needs_processes and name not in d.checked
+        check = traits_of(name).needs_processes and name not in d.checked
         probe = self._starter.probe_for(d, job) if check else None
         t = now(cuda)
         try:

@@ -51,6 +51,13 @@ REGISTRY: dict[str, type[Executor]] = {
 }
 
 
+def traits_of(name: str) -> Traits:
+    """The traits of the executor of that name (the defaults for a name not in the
+    registry), without making one."""
+    cls = REGISTRY.get(name)
+    return cls.traits if cls is not None else Traits()
+
+
 __all__ = [
     "BLOCK",
     "INLINE",
@@ -66,8 +73,6 @@ __all__ = [
     "ThreadBatches",
     "Ticket",
     "Traits",
-    "VectorizedExecutor",
-    "VmapExecutor",
     "available_cores",
     "copy_rows",
     "describe_fn",
@@ -85,6 +90,7 @@ __all__ = [
     "start_costs",
     "start_method",
     "threads_per_worker",
+    "traits_of",
     "vmap_of",
     "warm_up",
 ]
