@@ -11,6 +11,7 @@ in input order (one copy of what remains).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,8 +31,24 @@ from .errors import ConfigError, RowError
 from .executors import Executor, Job, copy_rows
 
 
-def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:
-    """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it with ``options``."""
+@dataclass
+class Batch:
+    """One batch between :func:`start` and :func:`finish`: the job an executor runs,
+    and what the call returns beside its output."""
+
+    job: Job
+    given: Output | None  # out=, as the call gave it
+    options: Options
+    bar: RowProgress | None = None
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def start(fn: Callable[..., Any], rows: Rows, options: Options) -> Batch:
+    """The job of ``fn`` over ``rows`` with ``options``, for an executor to run (a stream
+    starts it when it submits the batch, and finishes it when the loop takes it)."""
     if isinstance(fn, WithState):  # setup=: the function itself, given state= too
         check_row_call(fn.fn, rows, state=True)
     else:
@@ -45,21 +62,39 @@ def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> A
     advance = bar.advance if bar is not None else None
     staging = _staging(given, rows, device)
     job = Job.new(fn, rows, staging, options.timeout, policy=policy, pin=pin, progress=advance)
+    return Batch(job, given, options, bar)
+
+
+def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:
+    """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it with ``options``:
+    a stream of one batch."""
+    batch = start(fn, rows, options)
     try:
-        result = given if n == 0 and given is not None else ex.run(job)
+        if len(rows) == 0 and batch.given is not None:
+            result: Output | None = batch.given
+        else:
+            result = ex.run(batch.job)
     finally:
-        if bar is not None:
-            bar.close()
+        batch.close()
+    return finish(batch, result, ex)
+
+
+def finish(batch: Batch, result: Output | None, ex: Executor) -> Any:
+    """What the call returns once ``ex`` (whose workers ran the batch) made ``result``:
+    held to serial on a function's first batch, failed rows warned of, the output
+    in ``out=`` or on the device."""
+    job, options = batch.job, batch.options
+    n, policy = len(job.rows), job.policy
     if result is None:
         raise _no_shape(n, job.sink.failures, policy)
     check_named(  # serial is the reference: the first batch of each function, once
-        ex, fn, rows, result, other_interpreter=ex.traits.needs_processes, twin=_twin(ex, fn),
-        failed=job.sink.failures.rows(),
+        ex, job.fn, job.rows, result, other_interpreter=ex.traits.needs_processes,
+        twin=_twin(ex, job.fn), failed=job.sink.failures.rows(),
     )  # fmt: skip
     result.finish()
     if job.sink.failures:
         job.sink.failures.warn(n, policy)
-    return _returned(job, result, given, device, options.returns)
+    return _returned(job, result, batch.given, options.device, options.returns)
 
 
 def _twin(ex: Executor, fn: Callable[..., Any]) -> Any:
@@ -148,4 +183,4 @@ def _no_shape(n: int, failures: Failures, policy: Policy) -> BaseException:
     )
 
 
-__all__ = ["run"]
+__all__ = ["Batch", "finish", "run", "start"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import _batch
 from ._explanation import Explanation
 from ._warm import Warm
-from ._warn import Site, pointing_at, warn
+from ._warn import warn
 from .auto import AutoExecutor, Calibration
 from .core.checks import check_fn
 from .core.options import DEFAULT, CallOptions, Options
@@ -29,6 +29,7 @@ from .executors import Executor, in_worker_process, resolve_workers
 from .registry import AUTO, IN_WORKERS, executor_class
 from .stream.stream import Stream
 from .stream.streams import Streams
+from .stream.submit import Work
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -90,7 +91,7 @@ class Pool:
         self._defaults = defaults  # each call's, beside its own options
         self.device, self.timeout = defaults.device, defaults.timeout
         self.progress = defaults.progress
-        self._streams = Streams(self.workers, self._get)  # auto's stream plans
+        self._streams = Streams(self.workers)  # auto's stream plans
         self._closed = False
         self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
 
@@ -182,7 +183,6 @@ class Pool:
         options: Options,
         samples: bool,
     ) -> Stream:
-        site = Site.here()  # the imap call: its batches run in another thread
         try:
             batches = iter(batches)
         except TypeError:
@@ -192,23 +192,10 @@ class Pool:
             ) from None
         if self._closed:
             raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
-        name = runnable_here(self.executor)
         bound = self._binder.bind(fn) if self._binder is not None else fn
-        each = options.with_(progress=False)  # the stream's bar counts batches
-        rows_in = samples_of if samples else rows_of
-
-        def finish(ex: Executor, rows: Rows) -> Any:
-            check_fn(fn, None, "map_rows", "batch")  # raised at the batch, as its errors are
-            with pointing_at(site):
-                return _batch.run(ex, bound, rows, each)
-
-        def split(batch: Any) -> Any:
-            return finish(self._get(name), rows_in(batch))
-
-        return self._streams.open(
-            name, batches, prefetch, strategy, split, finish, bound, options,
-            samples=samples, isolate=self._get,
-        )  # fmt: skip
+        name = runnable_here(self.executor)
+        work = Work(fn, bound, options, samples, self._get, name)
+        return self._streams.open(name, batches, prefetch, strategy, work)
 
     def explain(self) -> Explanation:
         """What ``auto`` measured and chose for each signature this pool has seen, and

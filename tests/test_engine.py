@@ -43,7 +43,7 @@ def test_a_process_pool_runs_map_rows_and_streams_on_the_same_workers(no_leaks):
         collate = pool.map_samples(lambda s: pid_row(s), list(x))
         seen |= worker_pids(collate)
         workers = set(pool._get("processes").engine.pids)
-        assert len(workers) == 2 and workers == set(pool._streams.whole_workers("processes").pids)
+        assert len(workers) == 2 and workers == set(pool._get("processes").engine.pids)
     assert seen <= workers and os.getpid() not in seen
 
 

@@ -225,7 +225,7 @@ def _check_bounds(pool: prep.Pool, prefetch: int) -> None:
 
 FAULTS = [
     # (where it fails, expected error, message, a function its traceback passes through)
-    ("row", prep.RowError, r"row 0: ValueError: cannot handle 5", "compute"),
+    ("row", prep.RowError, r"row 0: ValueError: cannot handle 5", "fail_on_5"),
     ("call", ValueError, r"batch 5 failed", "call"),
     ("batches", LookupError, r"batch 5 cannot be read", "__next__"),
     ("stop", RuntimeError, r"raised StopIteration", "call"),

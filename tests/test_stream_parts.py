@@ -1,5 +1,5 @@
 """A stream of ``processes`` or ``threads`` splits each batch into parts on the
-stream's workers, several batches in flight (``prep.stream.parts``): what that adds to the mechanics
+stream's workers, several batches in flight (``prep.executors.Parts``): what that adds to the mechanics
 ``test_stream_whole`` checks for every way with batches in flight (order, values
 against serial, bounds, errors, crashes, timeouts, stopping, Ctrl-C).
 
@@ -20,7 +20,7 @@ from prep.core.policy import RAISE
 from prep.core.rows import rows_of
 from prep.executors._batches import ProcessBatches
 from prep.executors._messages import Chunk, Done
-from prep.stream.parts import DeliveredParts
+from prep.executors import Parts
 from prep.stream.strategy import StrategyPlan
 from tests import registry, rowfns
 
@@ -60,18 +60,18 @@ def fail_rows_3_and_6(row: torch.Tensor) -> torch.Tensor:
 def spied() -> Iterator[list[bool]]:
     """Whether each split batch's output was made for the workers to write in place."""
     made: list[bool] = []
-    real = DeliveredParts.output_for
+    real = Parts._into
 
-    def output_for(self, rows, policy):  # type: ignore[no-untyped-def]
-        out = real(self, rows, policy)
+    def into(self):  # type: ignore[no-untyped-def]
+        out = real(self)
         made.append(out is not None)
         return out
 
-    DeliveredParts.output_for = output_for  # type: ignore[method-assign]
+    Parts._into = into  # type: ignore[method-assign]
     try:
         yield made
     finally:
-        DeliveredParts.output_for = real  # type: ignore[method-assign]
+        Parts._into = real  # type: ignore[method-assign]
 
 
 @pytest.mark.timeout(120)

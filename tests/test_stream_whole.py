@@ -43,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRATEGIES = ("split", "whole", "auto")
 WHOLE = [(e, "whole") for e in registry.executors(registry.WHOLE)]
 #: every way with several batches in flight: whole batches, and a split into parts on
-#: the stream's workers (``prep.stream.parts``)
+#: the stream's workers (``prep.executors.Parts``)
 IN_FLIGHT = [*WHOLE, *((e, "split") for e in registry.executors(registry.PARTS))]
 
 
@@ -200,7 +200,7 @@ def test_setup_state_is_built_once_per_worker_process_and_kept():
     batches = [batch(k) for k in range(12)]
     with prep.Pool("processes", workers=2, setup=statefns.make_tracked) as pool:
         outs = list(pool.imap(statefns.where, batches, strategy="whole", prefetch=4))
-        whole_pids = set(pool._streams.whole_workers("processes").pids)
+        whole_pids = set(pool._get("processes").engine.pids)
     seen = {(int(o[0]), int(o[2])) for out in outs for o in out}
     pids = {pid for pid, _ in seen}
     assert pids <= whole_pids and os.getpid() not in pids
@@ -733,7 +733,7 @@ def test_batches_travel_in_reused_shared_memory_and_each_keeps_its_own_values():
         mp.setattr(_ring.Ring, "_take", take)
         with prep.Pool("processes", workers=2) as pool:
             got = list(pool.imap(rowfns.affine, big, strategy="whole", prefetch=4))
-            ring = pool._streams.whole_workers("processes")._ring
+            ring = pool._get("processes").engine._ring
             assert len(ring._idle) <= ring.keep
     assert all(torch.equal(g, b * 2 + 1) for g, b in zip(got, big))  # none overwritten
     assert len(made) == len(big)  # every batch lent a buffer...

@@ -27,6 +27,7 @@ from ._daemons import on_intra_op_threads
 from ._fdpipe import INLINE
 from ._job import BLOCK, Job
 from ._messages import Chunk
+from ._parts import Parts
 from ._shapes import PART_WORK, RowCosts, Shapes
 from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
 from ._ticket import Ticket
@@ -68,6 +69,7 @@ __all__ = [
     "Job",
     "ProcessBatches",
     "PART_WORK",
+    "Parts",
     "RowCosts",
     "Shapes",
     "ThreadBatches",

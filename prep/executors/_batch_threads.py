@@ -93,6 +93,7 @@ class ThreadBatches(DaemonThreads[Ticket]):
     """Threads that each build whole batches, taken from one queue in order."""
 
     name = "threads"
+    other_processes = False
 
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
@@ -148,6 +149,10 @@ class ThreadBatches(DaemonThreads[Ticket]):
             ticket.fn, ticket.into = key, into
             self._tasks.put(ticket)
         return tickets
+
+    def abandon(self, tickets: list[Ticket]) -> None:
+        for ticket in tickets:  # those not started are dropped; one that runs finishes alone
+            ticket.cancel()
 
     def pump(self, ticket: Ticket, timeout: float | None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout

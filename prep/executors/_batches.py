@@ -61,6 +61,7 @@ class ProcessBatches:
     (see the module docstring): ``submit -> Ticket``."""
 
     name = "processes"
+    other_processes = True
 
     def __init__(self, workers: int, *, fork: bool = False) -> None:
         """``workers`` processes, the cores shared out as their torch threads; ``fork``:

@@ -3,7 +3,7 @@
 Where rows may differ in size or fail on their own (``pad=``, ``on_error=``), a
 worker builds its rows into a chunk of its own, and the parent merges the
 chunks: ``processes``' ranges (``_dispatch``), ``joblib``'s tasks and a stream's
-parts (``prep.stream.parts``). Under ``on_error='fill'``/``'skip'`` a worker checks its
+parts (``_parts``). Under ``on_error='fill'``/``'skip'`` a worker checks its
 rows against its own chunk's first row, having no other; the batch's reference
 is the first row of the lowest chunk (:meth:`ResultCheck.admit`), so the parent
 may refuse a chunk that disagrees with it, take it in after all once a lower

@@ -41,19 +41,11 @@ stdin; lambdas, closures, local functions).
 from __future__ import annotations
 
 from ..core.output import Output
-from ..errors import (
-    StackError,
-    WorkerCrashed,
-)
-from ._base import Executor, Traits, copy_rows, split
+from ._base import Executor, Traits
 from ._batches import ProcessBatches
-from ._chunks import gather
-from ._fdpipe import INLINE
-from ._handles import how_it_ended
-from ._isolation import Isolation
 from ._job import Job
-from ._ticket import Ticket
-from ._transport import check_shm, pickle_fn, shm_fits, shm_free
+from ._parts import Parts
+from ._transport import pickle_fn, shm_fits, shm_free
 
 __all__ = ["ProcessExecutor", "pickle_fn", "shm_fits", "shm_free"]
 
@@ -81,75 +73,18 @@ class ProcessExecutor(Executor):
     # -------------------------------------------------------------- one batch
 
     def run(self, job: Job) -> Output | None:
-        n = len(job.rows)
+        """Rows ``job.start:`` in a part per worker (fewer for light rows, more with a
+        progress bar) on the engine's workers (``_parts``)."""
+        n, costs = len(job.rows), self.engine.costs
         if job.start >= n:
             return job.sink.output
         key = self.engine.prepare(job.fn)
-        given = job.sink.output
-        shape_key = (key, job.rows.layout())
-        into = None
-        # rows of one shape, none failing alone, an output too large to travel inside a
-        # message: written in place, in shared memory
-        if job.policy.plain and given is None:
-            into = self.engine.shapes.guess(shape_key, n, shared=True)
-        elif (
-            job.policy.plain and given is not None and min(b.nbytes for b in given.buffers) > INLINE
-        ):
-            into = given
-            if not all(b.is_shared() and b.is_contiguous() for b in given.buffers):
-                check_shm(given.nbytes, "the output")
-                into = given.like(shared=True)  # staging: copied into out= at the end
-        try:
-            self._parts(job, key, into)
-        except StackError:
-            if into is None or given is not None:
-                raise
-            # rows unlike last batch's: run the batch again as the first one ran, so
-            # that the error names what serial names (or it is no error: its own shape)
-            self.engine.shapes.forget(shape_key)
-            self._parts(job, key, None)
-            into = None
-        out = job.sink.output
-        if out is None:
-            return None  # every row failed (on_error='fill'/'skip'): none gave a shape
-        if job.policy.plain and given is None:
-            self.engine.shapes.keep(shape_key, out)
-        if given is not None and into is not None and into is not given:
-            job.sink.output = copy_rows(given, into, job.start)
-        return job.sink.output
-
-    def _parts(self, job: Job, key: str, into: Output | None) -> None:
-        """Rows ``job.start:`` in a part per worker (fewer for light rows, more with a
-        progress bar), each written into ``into`` or merged into ``job.sink`` as it
-        comes back; under fill/skip the rows of a part whose worker died run again
-        (:mod:`._isolation`)."""
-        n, costs = len(job.rows), self.engine.costs
         if job.sink.progress is not None:
             parts = self.workers * PROGRESS_PARTS
         else:  # light rows: fewer parts, as many as pay for their messages (``RowCosts``)
             parts = costs.parts(key, n - job.start, self.workers)
-        bounds = split(job.start, n, parts)
-        isolation = Isolation(job)
-
-        def crashed(ticket: Ticket, exc: WorkerCrashed) -> list[Ticket] | None:
-            if not (ticket.crashed and job.policy.per_row_errors):
-                return None
-            held, who = ticket.bounds(), f"worker pid {exc.pid}"
-            return self._submit(
-                job, key, isolation.lost(held, who, how_it_ended(exc.exitcode)), into
-            )
-
-        tickets = self._submit(job, key, bounds, into)
-        gather(job, list(tickets), into, self.engine.abandon, crashed)
-        timed = [(t.busy, t.bounds()) for t in tickets if t.busy is not None]
-        if timed:  # what a row costs: the slowest part per row, its worker's busy time
-            busy, (start, stop) = max(timed, key=lambda x: x[0] / max(1, x[1][1] - x[1][0]))
-            costs.keep(key, busy, stop - start)
-
-    def _submit(
-        self, job: Job, key: str, bounds: list[tuple[int, int]], into: Output | None
-    ) -> list[Ticket]:
-        tickets = self.engine.submit_parts(key, job.rows, job.policy, job.remaining(), bounds, into)
-        for ticket in tickets:
-            ticket.limit = job.timeout  # the batch's, as the caller gave it
-        return tickets
+        batch = Parts(self.engine, job, parts, key)
+        out = batch.result()
+        if (slowest := batch.slowest()) is not None:  # what a row costs a worker
+            costs.keep(key, *slowest)
+        return out

@@ -11,10 +11,10 @@ the workers' OpenMP teams alive next to the caller's; libgomp then throttles
 every team's spinning once it manages more threads than cores, and small torch
 ops in the caller's thread ran up to 4x slower for as long as the pool lived.)
 
-The first row runs alone and shapes the output; the rest go out in a few parts
-per worker (one queue, so a fast thread takes up the slack), each written in
-place. Where rows may differ in size or fail on their own (``pad=``,
-``on_error=``), parts are chunks of their own, merged in order (``_chunks``).
+A batch goes out in a few parts per worker (one queue, so a fast thread takes
+up the slack), the path every batch cut across workers takes (``_parts``):
+written in place once the function has shown its output's shape, else in
+chunks merged in order.
 A row that hangs cannot be killed from outside its thread: on ``timeout`` the
 batch raises :class:`~prep.BatchTimeout`, the stuck thread is abandoned (it is
 a daemon, so it does not block interpreter exit) and a fresh thread takes its
@@ -24,11 +24,10 @@ place.
 from __future__ import annotations
 
 from ..core.output import Output
-from ._base import Executor, Traits, split
+from ._base import Executor, Traits
 from ._batch_threads import ThreadBatches
-from ._chunks import gather
 from ._job import Job
-from ._ticket import Ticket
+from ._parts import Parts
 
 #: parts per worker of a batch: one queue, so a thread that is done first takes more;
 #: each part costs a hand-over between threads (2 a worker was 10% faster than 4 on 64
@@ -49,28 +48,6 @@ class ThreadExecutor(Executor):
         self.engine.close()
 
     def run(self, job: Job) -> Output | None:
-        n, first = len(job.rows), job.start
-        if first >= n:
+        if job.start >= len(job.rows):
             return job.sink.output
-        if job.policy.plain and job.sink.output is None:
-            self._parts(job, [(first, first + 1)], None)  # its result shapes the output
-            first += 1
-        into = job.sink.output if job.policy.plain else None
-        if first < n:
-            self._parts(job, split(first, n, self.workers * PARTS), into)
-        return job.sink.output
-
-    def _parts(self, job: Job, bounds: list[tuple[int, int]], into: Output | None) -> None:
-        """Rows ``bounds`` on the threads, written into ``into`` or merged into ``job.sink``
-        in order as they come back; the lowest row's error raised once all are back."""
-        tickets = self.engine.submit_parts(
-            job.fn, job.rows, job.policy, job.remaining(), bounds, into
-        )
-        for ticket in tickets:
-            ticket.limit = job.timeout  # the batch's, as the caller gave it
-        gather(job, tickets, into, _cancel)
-
-
-def _cancel(tickets: list[Ticket]) -> None:
-    for ticket in tickets:  # those not started are dropped; one that runs finishes alone
-        ticket.cancel()
+        return Parts(self.engine, job, self.workers * PARTS).result()

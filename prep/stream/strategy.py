@@ -4,7 +4,7 @@
 ``map_rows`` does, one batch at a time, so each batch ends at a barrier (the
 workers idle while the slowest range finishes, then the parent merges and
 dispatches the next); on ``processes`` or ``threads``, one part per worker on the
-workers, several batches in flight and no barrier (``prep.stream.parts``). ``whole``
+workers, several batches in flight and no barrier (``prep.executors.Parts``). ``whole``
 gives each worker whole batches, several in flight, as the DataLoader does: no
 barrier, but a batch takes one worker's time for all its rows. ``auto`` measures
 both on the stream itself and keeps the faster; :func:`choose_strategy` is that

@@ -3,29 +3,26 @@
 (so an epoch loop pays the strategy trial once), and the latest plans, which
 ``Pool.explain()`` describes.
 
-    Pool.imap ─▶ Streams.open ─▶ Stream(submit=Submitter)
+    Pool.imap ─▶ Streams.open ─▶ Stream(submit=Submitter(plan, Work))
                                    │ split: the pool's map_rows, in the stream's thread;
-                                   │        on processes/threads, parts on the workers below
-                                   └ whole: ProcessBatches / ThreadBatches (the executor's)
+                                   │        on processes/threads, in parts on their workers
+                                   └ whole: on the workers of a flavour (the executor's engine)
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from .._kept import keep_newest
-from .._progress import CountBar
-from ..core.options import Options
-from ..core.rows import Rows, rows_of
 from ..errors import ConfigError
-from ..executors import Executor, ProcessBatches, ThreadBatches, in_worker_process
+from ..executors import in_worker_process
 from ..registry import IN_WORKERS, executor_class
 from .strategy import StrategyPlan, check_strategy
 from .stream import Stream, check_prefetch
-from .whole import Submitter
+from .submit import Submitter, Work
 
 __all__ = ["Streams"]
 
@@ -34,24 +31,15 @@ PLANS = 4
 #: functions (with their options) whose auto plan a pool keeps
 KEPT = 64
 
-Whole = ProcessBatches | ThreadBatches
-
 
 class Streams:
     """One pool's streams: ``workers`` each, on the workers of the pool's executors."""
 
-    def __init__(self, workers: int, executors: Callable[[str], Executor]) -> None:
+    def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._executors = executors
         self._kept: dict[Any, StrategyPlan] = {}
         self._latest: list[StrategyPlan] = []
         self._lock = threading.Lock()
-
-    def whole_workers(self, flavour: str) -> Whole:
-        """The pool's workers of ``flavour``: those its executor of that name runs
-        ``map_rows`` on (one set of workers per kind, whatever runs on them)."""
-        engine: Whole = self._executors(flavour).engine
-        return engine
 
     def plan(self, strategy: str, key: Any, flavours: tuple[str, ...]) -> StrategyPlan:
         """The stream's plan: for ``auto``, the one of earlier streams of the same
@@ -84,55 +72,29 @@ class Streams:
         batches: Iterator[Any],
         prefetch: Any,
         strategy: Any,
-        call: Callable[[Any], Any],
-        finish: Callable[[Executor, Rows], Any],
-        fn: Any,
-        options: Options,
-        *,
-        samples: bool,
-        isolate: Callable[[str], Executor],
+        work: Work,
     ) -> Stream:
-        """A stream of ``call(batch)`` (the pool's map_rows/map_samples with ``options``)
-        for split batches; whole ones through the workers, finished by ``finish``
-        (``options.progress``: a bar of batches)."""
+        """A stream of ``work`` over ``batches``: split batches through the pool's
+        ``executor`` (or in parts on its workers), whole ones on the workers of a
+        flavour the plan picks."""
         flavours = executor_class(executor).traits.stream_workers
         if in_worker_process():  # a DataLoader worker cannot have children
             kept = tuple(f for f in flavours if not executor_class(f).traits.needs_processes)
             flavours = kept or ((IN_WORKERS,) if flavours else ())
         prefetch = self.prefetch(prefetch, strategy, executor)
         strategy = check_strategy(strategy, executor, self.workers, prefetch)
-        if options.out is not None and prefetch != 0:
+        if work.options.out is not None and prefetch != 0:
             raise ConfigError(
                 f"out= is one buffer, but imap prepares up to prefetch={prefetch!r} batches "
                 f"while you hold the current one: they would overwrite it; drop out= (each "
                 f"batch gets its own output), or pass prefetch=0"
             )
-        meter = CountBar("batch") if options.progress else None
-
-        def split(batch: Any) -> Any:
-            out = call(batch)
-            if meter is not None:
-                meter.advance(len(batch) if samples else len(rows_of(batch)))
-            return out
-
-        def finished(ex: Executor, rows: Rows) -> Any:
-            out = finish(ex, rows)
-            if meter is not None:
-                meter.advance(len(rows))
-            return out
-
-        flavour = flavours[-1] if flavours else None  # the executor's own kind
-        shaping = repr(sorted(options.batch_options().items()))  # what shapes a batch's result
-        plan = self.plan(strategy, (fn, samples, shaping), flavours or ("",))
-        submit = Submitter(
-            plan, samples, split, finished, fn, options.policy,
-            self.whole_workers if flavour else None,
-            isolate=isolate, timeout=options.timeout,
-            parts=flavour if executor in flavours else None,  # the executor's own workers
-        )  # fmt: skip
-        stream = Stream(split, batches, prefetch, submit=submit)
-        if meter is not None:
-            weakref.finalize(stream, meter.close)
+        shaping = repr(sorted(work.options.batch_options().items()))  # what shapes a result
+        plan = self.plan(strategy, (work.bound, work.samples, shaping), flavours or ("",))
+        parts = executor if executor in flavours else None  # the executor's own workers
+        stream = Stream(work.split, batches, prefetch, submit=Submitter(plan, work, parts))
+        if work.meter is not None:
+            weakref.finalize(stream, work.meter.close)
         return stream
 
     def describe(self) -> list[str]:
