@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._explanation import Explanation
-from .auto import Calibrator, Sample
+from .auto import Calibrator, Sample, left_out
 from .core.checks import check_fn
 from .core.options import CallOptions, Options
 from .core.rows import Rows, rows_of, samples_of
@@ -134,5 +134,5 @@ def explain(
         raise ValueError("the batch has 0 rows: there is nothing to measure")
     n_workers = resolve_workers(workers)
     job = Job.new(fn, rows, policy=Options.of("explain", options).policy)
-    sample = Sample(job, SHARED.executors(n_workers), n_workers, not in_worker_process())
+    sample = Sample(job, SHARED.executors(n_workers), n_workers, left_out(not in_worker_process()))
     return Explanation([Calibrator(sample).run()])

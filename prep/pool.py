@@ -26,7 +26,7 @@ from .core.rows import Rows, rows_of, samples_of
 from .core.state import Binder
 from .errors import ConfigError
 from .executors import Executor, in_worker_process, resolve_workers
-from .registry import AUTO, IN_WORKERS, executor_class
+from .registry import AUTO, EXECUTORS, IN_WORKERS, executor_class
 from .stream.stream import Stream
 from .stream.streams import Streams
 from .stream.submit import Work
@@ -39,20 +39,21 @@ __all__ = ["SHARED", "Pool", "Shared"]
 _warned_fallback = False
 
 
-def runnable_here(executor: str) -> str:
-    """The executor to run here: one that starts processes cannot inside a DataLoader
-    worker (daemonic processes may not have children), so threads run instead."""
+def runnable_here(kind: type[Executor], may_fork: bool) -> type[Executor]:
+    """The executor to run here: one that starts processes cannot where no child process
+    may start (``may_fork`` False: inside a DataLoader worker, whose daemonic process
+    may not have children), so threads run instead."""
     global _warned_fallback
-    if not executor_class(executor).traits.needs_processes or not in_worker_process():
-        return executor
+    if not kind.traits.needs_processes or may_fork:
+        return kind
     if not _warned_fallback:
         _warned_fallback = True
         warn(
-            f"executor={executor!r} cannot start a process pool inside a DataLoader "
+            f"executor={kind.name!r} cannot start a process pool inside a DataLoader "
             f"worker (daemonic processes may not have children); using "
             f"{IN_WORKERS!r} in this worker instead"
         )
-    return IN_WORKERS
+    return EXECUTORS[IN_WORKERS]
 
 
 class Pool:
@@ -76,7 +77,6 @@ class Pool:
         setup: Callable[[], Any] | None = None,
         progress: bool = False,
     ) -> None:
-        executor_class(executor)  # a ConfigError naming the choices
         binder = Binder(setup) if setup is not None else None
         warm = Warm(resolve_workers(workers))
         defaults = Options(device=device, timeout=timeout, progress=progress)
@@ -86,6 +86,7 @@ class Pool:
         self, executor: str, warm: Warm, binder: Binder | None, defaults: Options, owns: bool
     ) -> None:
         self.executor = executor
+        self._kind = executor_class(executor)  # resolved once (a ConfigError naming the choices)
         self.workers = warm.workers
         self._warm, self._binder, self._owns = warm, binder, owns
         self._defaults = defaults  # each call's, beside its own options
@@ -121,7 +122,7 @@ class Pool:
         (``prep.core.checks.check_fn``), ``rows`` already split
         (``prep.core.rows.rows_of``/``samples_of``), ``options`` already checked
         (``prep.core.options.Options``, used as given: the pool's defaults are not applied)."""
-        ex = self._get(runnable_here(self.executor))
+        ex = self._get(runnable_here(self._kind, not in_worker_process()).name)
         if self._binder is not None:
             fn = self._binder.bind(fn)
         return _batch.run(ex, fn, rows, options)
@@ -193,9 +194,10 @@ class Pool:
         if self._closed:
             raise ConfigError(f"{self!r} is closed; create a new prep.Pool")
         bound = self._binder.bind(fn) if self._binder is not None else fn
-        name = runnable_here(self.executor)
-        work = Work(fn, bound, options, samples, self._get, name)
-        return self._streams.open(name, batches, prefetch, strategy, work)
+        may_fork = not in_worker_process()  # once a stream
+        kind = runnable_here(self._kind, may_fork)
+        work = Work(fn, bound, options, samples, self._get, kind.name)
+        return self._streams.open(kind, may_fork, batches, prefetch, strategy, work)
 
     def explain(self) -> Explanation:
         """What ``auto`` measured and chose for each signature this pool has seen, and

@@ -58,8 +58,8 @@ def executor_class(name: str) -> type[Executor]:
 
 def make(name: str, workers: int, warm: ExecutorOf) -> Executor:
     """A new executor named ``name`` of ``workers`` workers; ``warm`` gives the pool's
-    executor of another name (auto measures and runs those)."""
-    executor_class(name)  # a ConfigError naming the choices
+    executor of another name (auto measures and runs those): a name the caller resolved
+    (``executor_class``)."""
     return _MAKERS[name](workers, warm)
 
 

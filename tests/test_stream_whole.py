@@ -494,17 +494,17 @@ def test_explain_says_which_strategy_a_stream_took():
 )
 def test_a_bad_strategy_says_what_to_pass(strategy, executor, prefetch, match):
     with pytest.raises(prep.ConfigError, match=match):
-        check_strategy(strategy, executor, 2, prefetch)
+        check_strategy(strategy, prep.EXECUTORS[executor], 2, prefetch)
     with prep.Pool(executor, workers=2) as pool, pytest.raises(prep.ConfigError, match=match):
         pool.imap(rowfns.affine, [batch(0)], strategy=strategy, prefetch=prefetch)
 
 
 def test_auto_is_split_where_whole_batches_cannot_help():
-    assert check_strategy("auto", "serial", 4, 8) == "split"
-    assert check_strategy("auto", "vectorized", 4, 8) == "split"
-    assert check_strategy("auto", "processes", 1, 8) == "split"
-    assert check_strategy("auto", "processes", 4, 1) == "split"
-    assert check_strategy("auto", "processes", 4, 8) == "auto"
+    assert check_strategy("auto", prep.EXECUTORS["serial"], 4, 8) == "split"
+    assert check_strategy("auto", prep.EXECUTORS["vectorized"], 4, 8) == "split"
+    assert check_strategy("auto", prep.EXECUTORS["processes"], 1, 8) == "split"
+    assert check_strategy("auto", prep.EXECUTORS["processes"], 4, 1) == "split"
+    assert check_strategy("auto", prep.EXECUTORS["processes"], 4, 8) == "auto"
 
 
 def test_batches_must_be_an_iterable():

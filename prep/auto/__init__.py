@@ -18,6 +18,7 @@ from ._sample import Sample
 from .calibration import Calibration, signature
 from .calibrator import Calibrator
 from .executor import AutoExecutor
+from .models import left_out
 
 __all__ = [
     "POOL_MARGIN",
@@ -27,5 +28,6 @@ __all__ = [
     "Decisions",
     "Figures",
     "Sample",
+    "left_out",
     "signature",
 ]

@@ -16,13 +16,13 @@ from ._sample import Sample
 from .models import model
 
 
-def batched_form(job: Job, allow_processes: bool) -> type[CostModel] | None:
+def batched_form(job: Job) -> type[CostModel] | None:
     """The batched form auto tries on ``job``: the first of the registry's batched
     forms not ruled out for it (a twin the user wrote comes before vmap)."""
     forms = (
         model(name)
         for name, kind in REGISTRY.items()
-        if not kind.traits.per_row and model(name).ruled_out(job, allow_processes) is None
+        if not kind.traits.per_row and model(name).ruled_out(job) is None
     )
     return next(forms, None)
 

@@ -5,7 +5,7 @@ the models need not import the sample and the figures, which name the models."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from ..executors import Executor, Job
@@ -76,8 +76,8 @@ class Sampling(Protocol):
         """Cores the workers may use: ``min(workers, available_cores())``."""
 
     @property
-    def allow_processes(self) -> bool:
-        """False inside a DataLoader worker (no child processes)."""
+    def left_out(self) -> Mapping[str, str]:
+        """Executors auto may not weigh in this process, each with why (``models.left_out``)."""
 
     @property
     def cal(self) -> Measured:
@@ -116,7 +116,7 @@ class CostModel:
     rent_or_buy: ClassVar[bool] = False
 
     @classmethod
-    def ruled_out(cls, job: Job, processes_allowed: bool) -> str | None:
+    def ruled_out(cls, job: Job) -> str | None:
         """Why auto cannot weigh it for ``job`` at all, known before anything is
         measured; None when it may."""
         return None

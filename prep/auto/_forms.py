@@ -26,7 +26,7 @@ class VectorizedModel(CostModel):
     name = "vectorized"
 
     @classmethod
-    def ruled_out(cls, job: Job, processes_allowed: bool) -> str | None:
+    def ruled_out(cls, job: Job) -> str | None:
         # before vmap in the registry: auto tries the first batched form not ruled out,
         # and a twin the user wrote comes first
         return None if job.rows.batched and twin_of(job.fn) is not None else "no batched twin here"
@@ -80,7 +80,7 @@ class VmapModel(VectorizedModel):
     name = "vmap"
 
     @classmethod
-    def ruled_out(cls, job: Job, processes_allowed: bool) -> str | None:
+    def ruled_out(cls, job: Job) -> str | None:
         if not job.rows.batched:
             return "a list of samples has no batched form"
         return None if len(job.rows) else "no row to try it on"

@@ -4,6 +4,7 @@ decisions taken up as if measured here, and its settled ones written back."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from ..executors import REGISTRY, Job
@@ -27,7 +28,7 @@ class Memory:
         options: Any = (job.sink.pin, repr(job.policy))
         return wisdom.key(job.fn, job.rows.layout(), len(job.rows), self.workers, options)
 
-    def recall(self, job: Job, allow: bool) -> Decisions | None:
+    def recall(self, job: Job, left_out: Mapping[str, str]) -> Decisions | None:
         """Decisions an earlier interpreter remembered for ``job``'s signature, with what
         cannot run here taken out; None when there are none."""
         wkey = self.key(job)
@@ -37,7 +38,7 @@ class Memory:
         d = Decisions.from_wisdom(entry, self.workers, job.policy.describe())
         d.wisdom_key = wkey
         for name in REGISTRY:  # each executor's own word
-            if (reason := model(name).ruled_out(job, allow)) is not None:
+            if (reason := left_out.get(name) or model(name).ruled_out(job)) is not None:
                 d.drop(name, reason)
         return d
 

@@ -50,7 +50,7 @@ class Prediction:
 
     def _left_out(self) -> str | None:
         s, cal = self.s, self.cal
-        if (reason := self.kind.ruled_out(s.job, s.allow_processes)) is not None:
+        if (reason := s.left_out.get(self.name) or self.kind.ruled_out(s.job)) is not None:
             return reason
         if s.cores < 2:
             return "one core or one worker"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -87,7 +87,7 @@ class Sample:
         job: Job,
         get: Callable[[str], Executor],
         workers: int,
-        allow_processes: bool,
+        left_out: Mapping[str, str],
         prior: Calibration | None = None,
     ) -> None:
         self.job = job
@@ -95,7 +95,7 @@ class Sample:
         self._get = get
         self.n = len(job.rows)
         self.cal = Calibration(rows=self.n, workers=workers, options=job.policy.describe())
-        self.allow_processes = allow_processes
+        self.left_out = left_out  # executors not weighed here, each with why
         self.prior = prior
         self.cores = min(workers, available_cores())
         self.cuda = on_cuda(job.rows)

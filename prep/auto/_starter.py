@@ -20,12 +20,12 @@ is kept in this process, where the write lands as it does under serial.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..core.state import setup_seconds
 from ..core.trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
-from ..executors import Executor, Job, traits_of
+from ..executors import Executor, Job
 from ._decisions import Decisions
 from ._sample import now
 from .models import model
@@ -44,11 +44,10 @@ class Starter:
         self.workers = workers
         self._lock = lock  # the auto executor's: calibrations are shared by its threads
 
-    def plan(self, d: Decisions, job: Job, allow: bool) -> None:
-        """Start what pays before this batch (rent or buy); child processes only where
-        ``allow`` (not inside a DataLoader worker)."""
+    def plan(self, d: Decisions, job: Job, left_out: Mapping[str, str]) -> None:
+        """Start what pays before this batch (rent or buy), but what is ``left_out`` here."""
         for name in d.cal.to_start():
-            if allow or not traits_of(name).needs_processes:
+            if name not in left_out:
                 self._plan(d, name, job)
 
     def _plan(self, d: Decisions, name: str, job: Job) -> None:

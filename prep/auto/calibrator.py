@@ -87,7 +87,7 @@ class Calibrator:
         s, cal, forms = self.sample, self.cal, self.batched
         t0 = s.now()
         tensors = s.job.rows.batched and self._batched_forms_allowed()
-        form = batched_form(s.job, s.allow_processes) if tensors else None
+        form = batched_form(s.job) if tensors else None
         if s.prior is None and form is not None and form.first_batch(s):
             # first batch: a batched form made the whole output in one call
             if not forms.won_outright() and not self._too_light_for_pools():

@@ -21,7 +21,7 @@ choices are remembered for later interpreters (:mod:`.wisdom`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._warn import warn
@@ -35,6 +35,7 @@ from ._sample import Sample, now, on_cuda, run_tolerant
 from ._starter import Starter
 from .calibration import Calibration, signature
 from .calibrator import Calibrator
+from .models import left_out
 
 __all__ = ["AutoExecutor"]
 
@@ -116,24 +117,20 @@ class AutoExecutor(Executor):
 
     def run(self, job: Job) -> Output | None:
         n = len(job.rows)
-        allow = not in_worker_process()
+        left = left_out(processes_allowed=not in_worker_process())  # once a call
         if n == 0:  # nothing to measure: a batched form if one can run no rows (a twin)
-            form = batched_form(job, allow)
+            form = batched_form(job)
             return self._get(form.name if form else "serial").run(job)
         key = signature(job.fn, job.rows, job.sink.pin, job.policy)
         d = self._kept(key, n)
-        if (
-            d is not None
-            and not allow
-            and any(traits_of(p).needs_processes for p in d.cal.predicted)
-        ):
+        if d is not None and any(p in left for p in d.cal.predicted):
             d = None  # a choice made where processes were allowed: measure again here
-        if d is None and (d := self._memory.recall(job, allow)) is not None:
+        if d is None and (d := self._memory.recall(job, left)) is not None:
             self._keep(key, job.fn, d, None)
         if d is None or not d.cal.settled:
             prior = d
             calibrator = Calibrator(
-                Sample(job, self._get, self.workers, allow, prior.cal if prior else None)
+                Sample(job, self._get, self.workers, left, prior.cal if prior else None)
             )
             calibrator.run()
             d = calibrator.decisions
@@ -144,16 +141,18 @@ class AutoExecutor(Executor):
                 self._memory.remember(d)
                 return job.sink.output  # None: every row failed (on_error='fill'/'skip')
             rest = job.part(calibrator.done)
-            job.sink.output = self._plan_and_run(d, rest, allow, calibrated=True)
+            job.sink.output = self._plan_and_run(d, rest, left, calibrated=True)
             return job.sink.output
-        return self._plan_and_run(d, job, allow, calibrated=False)
+        return self._plan_and_run(d, job, left, calibrated=False)
 
-    def _plan_and_run(self, d: Decisions, job: Job, allow: bool, calibrated: bool) -> Output | None:
+    def _plan_and_run(
+        self, d: Decisions, job: Job, left: Mapping[str, str], calibrated: bool
+    ) -> Output | None:
         """Start a pool if it pays, run the batch (the rest of a calibrated one: its
         figure is not a whole batch's), remember the choice, and stop a pool this
         signature dropped if no other may use it."""
         before = set(d.cal.predicted)
-        self._starter.plan(d, job, allow)
+        self._starter.plan(d, job, left)
         name = d.cal.choice if calibrated else d.next_trial() or d.cal.choice
         out = self._run(d, name, job, observe=not calibrated)
         self._memory.remember(d)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from ..executors import (
     shm_free,
     start_costs,
     threads_per_worker,
+    traits_of,
     warm_up,
 )
 from ._cost import CostModel, Measured, Sampling, T
@@ -102,10 +103,6 @@ class ProcessesModel(CostModel):
     name = "processes"
     pooled = True
     rent_or_buy = True
-
-    @classmethod
-    def ruled_out(cls, job: Job, processes_allowed: bool) -> str | None:
-        return None if processes_allowed else "inside a DataLoader worker (no child processes)"
 
     @classmethod
     def measure(cls, sample: Sampling) -> None:
@@ -218,6 +215,16 @@ def _load_error(exc: Exception, fn: Any, limit: float) -> FunctionLoadError:
 MODELS: dict[str, type[CostModel]] = {
     m.name: m for m in (SerialModel, ThreadsModel, ProcessesModel, VectorizedModel, VmapModel)
 }
+
+
+def left_out(processes_allowed: bool) -> Mapping[str, str]:
+    """The executors auto does not weigh in this process, each with why: those that start
+    child processes, where none may start (inside a DataLoader worker). Worked out once
+    a call (``AutoExecutor.run``, ``prep.explain``) and handed down."""
+    if processes_allowed:
+        return {}
+    why = "inside a DataLoader worker (no child processes)"
+    return {name: why for name in MODELS if traits_of(name).needs_processes}
 
 
 def model(name: str) -> type[CostModel]:

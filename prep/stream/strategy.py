@@ -34,7 +34,8 @@ from typing import Any
 
 from .._choose import choose
 from ..errors import ConfigError
-from ..registry import EXECUTORS, executor_class
+from ..executors import Executor, traits_of
+from ..registry import EXECUTORS
 
 __all__ = [
     "STRATEGIES",
@@ -53,10 +54,10 @@ MARGIN = 1.05
 
 def _independent(flavour: str) -> bool:
     """Whether the workers of ``flavour`` share no lock (processes; threads share the GIL)."""
-    return flavour in EXECUTORS and executor_class(flavour).traits.needs_processes
+    return traits_of(flavour).needs_processes
 
 
-def check_strategy(strategy: object, executor: str, workers: int, prefetch: int) -> str:
+def check_strategy(strategy: object, kind: type[Executor], workers: int, prefetch: int) -> str:
     """The strategy a stream runs: ``strategy`` checked against the pool, ``auto``
     reduced to ``split`` where whole batches cannot help."""
     if strategy not in STRATEGIES:
@@ -65,7 +66,7 @@ def check_strategy(strategy: object, executor: str, workers: int, prefetch: int)
             f"'split' runs each batch across all workers, 'whole' gives each worker whole "
             f"batches (as a DataLoader does), 'auto' measures both on the stream"
         )
-    flavours = executor_class(executor).traits.stream_workers
+    flavours, executor = kind.traits.stream_workers, kind.name
     if strategy == "whole" and not flavours:
         some = " or ".join(repr(n) for n, c in EXECUTORS.items() if c.traits.stream_workers)
         raise ConfigError(

@@ -18,8 +18,8 @@ from typing import Any
 
 from .._kept import keep_newest
 from ..errors import ConfigError
-from ..executors import in_worker_process
-from ..registry import IN_WORKERS, executor_class
+from ..executors import Executor, traits_of
+from ..registry import IN_WORKERS
 from .strategy import StrategyPlan, check_strategy
 from .stream import Stream, check_prefetch
 from .submit import Submitter, Work
@@ -57,32 +57,33 @@ class Streams:
             self._latest = [p for p in self._latest if p is not plan][-(PLANS - 1) :] + [plan]
         return plan
 
-    def prefetch(self, prefetch: Any, strategy: Any, executor: str) -> int:
+    def prefetch(self, prefetch: Any, strategy: Any, kind: type[Executor]) -> int:
         """``prefetch`` checked; None: two batches per worker where whole batches may
         run (as a DataLoader's prefetch_factor=2 does), else two."""
         if prefetch is not None:
             return check_prefetch(prefetch)
-        kinds = executor_class(executor).traits.stream_workers
-        whole = strategy in ("whole", "auto") and bool(kinds) and self.workers > 1
+        whole = strategy in ("whole", "auto") and bool(kind.traits.stream_workers)
+        whole = whole and self.workers > 1
         return 2 * self.workers if whole else 2
 
     def open(
         self,
-        executor: str,
+        kind: type[Executor],
+        may_fork: bool,
         batches: Iterator[Any],
         prefetch: Any,
         strategy: Any,
         work: Work,
     ) -> Stream:
         """A stream of ``work`` over ``batches``: split batches through the pool's
-        ``executor`` (or in parts on its workers), whole ones on the workers of a
-        flavour the plan picks."""
-        flavours = executor_class(executor).traits.stream_workers
-        if in_worker_process():  # a DataLoader worker cannot have children
-            kept = tuple(f for f in flavours if not executor_class(f).traits.needs_processes)
+        executor of ``kind`` (or in parts on its workers), whole ones on the workers of
+        a flavour the plan picks; none that starts processes unless ``may_fork``."""
+        flavours = kind.traits.stream_workers
+        if not may_fork:  # a DataLoader worker cannot have children
+            kept = tuple(f for f in flavours if not traits_of(f).needs_processes)
             flavours = kept or ((IN_WORKERS,) if flavours else ())
-        prefetch = self.prefetch(prefetch, strategy, executor)
-        strategy = check_strategy(strategy, executor, self.workers, prefetch)
+        prefetch = self.prefetch(prefetch, strategy, kind)
+        strategy = check_strategy(strategy, kind, self.workers, prefetch)
         if work.options.out is not None and prefetch != 0:
             raise ConfigError(
                 f"out= is one buffer, but imap prepares up to prefetch={prefetch!r} batches "
@@ -91,7 +92,7 @@ class Streams:
             )
         shaping = repr(sorted(work.options.batch_options().items()))  # what shapes a result
         plan = self.plan(strategy, (work.bound, work.samples, shaping), flavours or ("",))
-        parts = executor if executor in flavours else None  # the executor's own workers
+        parts = kind.name if kind.name in flavours else None  # the executor's own workers
         stream = Stream(work.split, batches, prefetch, submit=Submitter(plan, work, parts))
         if work.meter is not None:
             weakref.finalize(stream, work.meter.close)
