@@ -25,6 +25,7 @@ from .core.padding import given_padded
 from .core.policy import Failures, Policy, ResultCheck
 from .core.rows import Rows
 from .core.rowwise import twin_of
+from .core.seeding import Seeding, takes_rng
 from .core.state import WithState
 from .core.trust import check_named
 from .errors import ConfigError, RowError
@@ -46,13 +47,17 @@ class Batch:
             self.bar.close()
 
 
-def start(fn: Callable[..., Any], rows: Rows, options: Options) -> Batch:
-    """The job of ``fn`` over ``rows`` with ``options``, for an executor to run (a stream
+def start(fn: Callable[..., Any], rows: Rows, options: Options, ex: Executor) -> Batch:
+    """The job of ``fn`` over ``rows`` with ``options``, for ``ex`` to run (a stream
     starts it when it submits the batch, and finishes it when the loop takes it)."""
+    rng = options.seed is not None and takes_rng(fn)
     if isinstance(fn, WithState):  # setup=: the function itself, given state= too
-        check_row_call(fn.fn, rows, state=True)
+        check_row_call(fn.fn, rows, state=True, rng=rng)
     else:
-        check_row_call(fn, rows)
+        check_row_call(fn, rows, rng=rng)
+    if options.seed is not None:  # each row's draws seeded for it, on a per-row executor
+        rows = rows.seeding(Seeding(options.seed, rng))
+        check_seeded(ex, rng)
     n, policy, device = len(rows), options.policy, options.device
     if policy.per_row_errors:  # a bad result (None, another dtype) then fails its row only
         rows = rows.checking(ResultCheck(policy.padding is not None, options.out))
@@ -68,7 +73,7 @@ def start(fn: Callable[..., Any], rows: Rows, options: Options) -> Batch:
 def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:
     """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it with ``options``:
     a stream of one batch."""
-    batch = start(fn, rows, options)
+    batch = start(fn, rows, options, ex)
     try:
         if len(rows) == 0 and batch.given is not None:
             result: Output | None = batch.given
@@ -95,6 +100,24 @@ def finish(batch: Batch, result: Output | None, ex: Executor) -> Any:
     if job.sink.failures:
         job.sink.failures.warn(n, policy)
     return _returned(job, result, batch.given, options.device, options.returns)
+
+
+def check_seeded(ex: Executor | type[Executor], rng: bool) -> None:
+    """``seed=`` on ``ex``: one that runs rows one by one in processes, or in threads
+    for a function that draws from its own ``rng`` (core.seeding says why)."""
+    if not ex.traits.per_row:
+        raise ConfigError(
+            f"seed= seeds each row's random draws, but executor={ex.name!r} makes every row "
+            f"in one batched call, which cannot be seeded row by row; use executor='auto', "
+            f"'serial' or 'processes'"
+        )
+    if ex.traits.shares_generators and not rng:
+        raise ConfigError(
+            f"seed= with executor={ex.name!r}: its threads run rows at once and share the "
+            f"process's global generators, so their draws would interleave; give the row "
+            f"function an rng parameter and draw from it (torch.rand(..., generator=rng)), "
+            f"or use executor='auto', 'serial' or 'processes'"
+        )
 
 
 def _twin(ex: Executor, fn: Callable[..., Any]) -> Any:

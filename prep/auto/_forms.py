@@ -20,6 +20,10 @@ from ._cost import CostModel, Measured, Sampling
 MIN_VMAP_WORK = 3e-4
 
 
+#: why auto does not weigh a batched form under seed=
+SEEDED = "seed=: one batched call cannot seed each row's draws"
+
+
 class VectorizedModel(CostModel):
     """The twin the user wrote (``@prep.rowwise``)."""
 
@@ -29,6 +33,8 @@ class VectorizedModel(CostModel):
     def ruled_out(cls, job: Job) -> str | None:
         # before vmap in the registry: auto tries the first batched form not ruled out,
         # and a twin the user wrote comes first
+        if job.rows.seeds is not None:
+            return SEEDED
         return None if job.rows.batched and twin_of(job.fn) is not None else "no batched twin here"
 
     @classmethod
@@ -81,6 +87,8 @@ class VmapModel(VectorizedModel):
 
     @classmethod
     def ruled_out(cls, job: Job) -> str | None:
+        if job.rows.seeds is not None:
+            return SEEDED
         if not job.rows.batched:
             return "a list of samples has no batched form"
         return None if len(job.rows) else "no row to try it on"

@@ -53,6 +53,7 @@ from __future__ import annotations
 from ..executors import REGISTRY
 from ._batched import BatchedForms, batched_form
 from ._decisions import Decisions
+from ._forms import SEEDED
 from ._sample import Sample
 from .calibration import Calibration
 from .models import model
@@ -113,6 +114,9 @@ class Calibrator:
         return self._finish(t0)
 
     def _batched_forms_allowed(self) -> bool:
+        if self.sample.job.rows.seeds is not None:
+            self.cal.dropped["vectorized, vmap"] = SEEDED
+            return False
         if self.sample.job.policy.padding is None:
             return True
         self.cal.dropped["vectorized, vmap"] = (

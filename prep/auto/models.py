@@ -62,11 +62,21 @@ class ThreadsModel(CostModel):
     pooled = True
 
     @classmethod
+    def ruled_out(cls, job: Job) -> str | None:
+        seeds = job.rows.seeds
+        if seeds is not None and not seeds.rng:
+            return "seed= and a function that draws from the global generators, which threads share"
+        return None
+
+    @classmethod
     def measure(cls, sample: Sampling) -> None:
         """The thread pool itself on the next rows (about 0.1 s of serial work): its
         speed-up over serial, as it runs, which shows how much of the function runs
         outside the GIL. No pool divides serial time by more than its cores."""
         s, cal, main = sample, sample.cal, sample.main
+        if (reason := cls.ruled_out(s.job)) is not None:
+            cal.dropped[cls.name] = reason
+            return
         if cal.workers < 2 or main.left < 4 * cal.workers:
             cal.dropped[cls.name] = "one worker, or too few rows left to measure"
             return

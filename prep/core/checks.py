@@ -140,15 +140,18 @@ def describe_callable(fn: Any) -> str:
     return f"{getattr(fn, '__module__', None) or '?'}.{name}"
 
 
-def check_row_call(fn: Callable[..., Any], rows: Any, state: bool = False) -> None:
+def check_row_call(
+    fn: Callable[..., Any], rows: Any, state: bool = False, rng: bool = False
+) -> None:
     """A TypeError, before any row runs, where ``fn`` cannot take a row of ``rows`` as
     it will be called: ``fn(*columns)``, ``fn(**columns)`` of a dict batch, or
-    ``fn(sample)`` (and ``state=`` with ``setup=``). Every row would fail alike."""
+    ``fn(sample)`` (and ``state=`` with ``setup=``, ``rng=`` with ``seed=``). Every row
+    would fail alike."""
     positional, names = rows.arguments()
     try:
-        problem = _row_call_problem(fn, positional, names, state)
+        problem = _row_call_problem(fn, positional, names, state, rng)
     except TypeError:  # an unhashable callable: checked without the cache
-        problem = _row_call_problem.__wrapped__(fn, positional, names, state)
+        problem = _row_call_problem.__wrapped__(fn, positional, names, state, rng)
     if problem is None:
         return
     call = ", ".join(["row"] * positional + [f"{k}=..." for k in names])
@@ -161,8 +164,9 @@ def check_row_call(fn: Callable[..., Any], rows: Any, state: bool = False) -> No
 
 @functools.lru_cache(maxsize=256)
 def _row_call_problem(
-    fn: Callable[..., Any], positional: int, names: tuple[str, ...], state: bool
+    fn: Callable[..., Any], positional: int, names: tuple[str, ...], state: bool, rng: bool
 ) -> str | None:
     # cached: a signature costs 3-10 us, and a stream calls with the same function and
     # batch layout every batch
-    return call_problem(fn, positional, names, **({"state": None} if state else {}))
+    given = {**({"state": None} if state else {}), **({"rng": None} if rng else {})}
+    return call_problem(fn, positional, names, **given)

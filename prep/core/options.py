@@ -49,6 +49,7 @@ class CallOptions(TypedDict, total=False):
     return_valid: bool
     return_errors: bool
     progress: bool
+    seed: int | None
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ class Options:
     ``device`` where the result lands; ``timeout`` seconds for the batch; ``out`` a
     preallocated result to fill; ``pad``/``pad_to`` ragged rows; ``on_error``/``fill``
     failed rows; ``return_lengths``/``return_valid``/``return_errors`` what the call
-    returns beside the output; ``progress`` a bar. ``policy`` and ``returns`` are
+    returns beside the output; ``progress`` a bar; ``seed`` each row's random draws
+    from generators seeded for the row (``core.seeding``). ``policy`` and ``returns`` are
     made from them. A Pool's own ``device``, ``timeout`` and ``progress`` are the
     defaults its calls start from.
     """
@@ -74,6 +76,7 @@ class Options:
     return_valid: bool = False
     return_errors: bool = False
     progress: bool = False
+    seed: int | None = None
     policy: Policy = field(init=False, repr=False, compare=False)
     returns: Returns = field(init=False, repr=False, compare=False)
 
@@ -85,6 +88,13 @@ class Options:
         set_(self, "returns", Returns(self.return_lengths, self.return_valid, self.return_errors))
         if not isinstance(self.progress, bool):
             raise TypeError(f"progress={self.progress!r} is not True or False")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise TypeError(
+                f"seed={self.seed!r} is a {type(self.seed).__name__}, not an int; pass e.g. "
+                f"seed=7, or seed=hash((epoch, step)) for a new draw each step"
+            )
 
     @classmethod
     def of(cls, call: str, given: Mapping[str, Any], defaults: Options | None = None) -> Options:
@@ -134,7 +144,7 @@ def _unknown(call: str, names: list[str]) -> str:
 NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Options) if f.init)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Options) if f.init}
 #: the options that shape a batch's result (not where it lands, when it times out or a bar)
-_BATCH = tuple(n for n in NAMES if n not in ("device", "timeout", "progress"))
+_BATCH = tuple(n for n in NAMES if n not in ("device", "timeout", "progress", "seed"))
 
 #: every option at its default
 DEFAULT = Options()

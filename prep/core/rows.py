@@ -9,7 +9,9 @@ processes cheaply: tensor columns by shared memory, samples as raw tensor bytes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
 import functools
 import io
 import pickle
@@ -23,6 +25,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from .policy import ResultCheck
+from .seeding import Seeding
 
 # ---------------------------------------------------------------- inputs
 
@@ -33,6 +36,7 @@ class Rows(ABC):
     #: whether a batched function can take all the rows in one call (tensor columns)
     batched: ClassVar[bool] = False
     offset: int  # the batch index of this object's first row
+    seeds: Seeding | None  # under seed=: what each row draws from, seeded for it
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -49,6 +53,15 @@ class Rows(ABC):
     def checking(self, check: ResultCheck | None) -> Rows:
         """These rows, each row's result checked by ``check`` as it returns (a bad
         result then raises inside the row's call, where its row is known)."""
+
+    def seeding(self, seeds: Seeding | None) -> Rows:
+        """These rows, each row's draws seeded by ``seeds`` (``seed=``)."""
+        return dataclasses.replace(self, seeds=seeds)  # type: ignore[type-var]
+
+    def seeded_run(self) -> contextlib.AbstractContextManager[None]:
+        """Around a run of rows in one thread: under ``seed=``, the global generators
+        the rows seed are put back afterwards (:meth:`Seeding.run`)."""
+        return self.seeds.run() if self.seeds is not None else contextlib.nullcontext()
 
     def call_batched(self, fn: Callable[..., Any]) -> Any:
         """``fn`` on every row at once (the columns themselves), where :attr:`batched`."""
@@ -95,6 +108,7 @@ class TensorRows(Rows):
     names: tuple[str, ...] | None = None
     offset: int = 0  # the batch index of this object's first row
     check: ResultCheck | None = None  # under on_error='fill'/'skip': a bad result fails its row
+    seeds: Seeding | None = None  # under seed=: what each row draws from, seeded for it
     batched: ClassVar[bool] = True
 
     def __len__(self) -> int:
@@ -104,7 +118,12 @@ class TensorRows(Rows):
         j = i - self.offset
         views = self._views.get(j // VIEWS) or self._unbind(j // VIEWS)
         row = [v[j % VIEWS] for v in views]
-        result = fn(**dict(zip(self.names, row))) if self.names is not None else fn(*row)
+        if self.seeds is None:
+            result = fn(**dict(zip(self.names, row))) if self.names is not None else fn(*row)
+        elif self.names is not None:
+            result = fn(**dict(zip(self.names, row)), **self.seeds.row(i))
+        else:
+            result = fn(*row, **self.seeds.row(i))
         if self.check is not None:
             self.check(result)
         return result
@@ -114,7 +133,7 @@ class TensorRows(Rows):
 
     def checking(self, check: ResultCheck | None) -> TensorRows:
         """These rows, each row's result checked by ``check`` as it returns."""
-        return TensorRows(self.columns, self.names, self.offset, check)
+        return dataclasses.replace(self, check=check)
 
     @functools.cached_property
     def _views(self) -> dict[int, list[tuple[Tensor, ...]]]:
@@ -129,7 +148,7 @@ class TensorRows(Rows):
         return views
 
     def __reduce__(self) -> tuple[Any, ...]:  # never pickle the cached row views
-        return (TensorRows, (self.columns, self.names, self.offset, self.check))
+        return (TensorRows, (self.columns, self.names, self.offset, self.check, self.seeds))
 
     def call_batched(self, fn: Callable[..., Any]) -> Any:
         if self.names is not None:
@@ -138,21 +157,19 @@ class TensorRows(Rows):
 
     def head(self, stop: int) -> TensorRows:
         """The first ``stop`` rows."""
-        return TensorRows(
-            tuple(c[:stop] for c in self.columns), self.names, self.offset, self.check
-        )
+        return dataclasses.replace(self, columns=tuple(c[:stop] for c in self.columns))
 
     def window(self, start: int, stop: int) -> TensorRows:
         a, b = start - self.offset, stop - self.offset
-        return TensorRows(tuple(c[a:b] for c in self.columns), self.names, start, self.check)
+        return dataclasses.replace(self, columns=tuple(c[a:b] for c in self.columns), offset=start)
 
     def replace(self, columns: Sequence[Tensor]) -> TensorRows:
-        return TensorRows(tuple(columns), self.names, check=self.check)
+        return dataclasses.replace(self, columns=tuple(columns), offset=0)
 
     def take(self, start: int, stop: int) -> TensorRows:
         """Rows ``start:stop`` as tensors that own their memory (cheap to pickle)."""
         columns = tuple(c[start:stop].clone() for c in self.columns)
-        return TensorRows(columns, self.names, start, self.check)
+        return dataclasses.replace(self, columns=columns, offset=start)
 
     @property
     def nbytes(self) -> int:
@@ -177,6 +194,7 @@ class SampleRows(Rows):
     samples: Sequence[Any]
     offset: int = 0
     check: ResultCheck | None = None  # under on_error='fill'/'skip': a bad result fails its row
+    seeds: Seeding | None = None  # under seed=: what each row draws from, seeded for it
 
     @property
     def nbytes(self) -> int:
@@ -186,7 +204,10 @@ class SampleRows(Rows):
         return len(self.samples)
 
     def call(self, fn: Callable[..., Any], i: int) -> Any:
-        result = fn(self.samples[i - self.offset])
+        if self.seeds is not None:
+            result = fn(self.samples[i - self.offset], **self.seeds.row(i))
+        else:
+            result = fn(self.samples[i - self.offset])
         if self.check is not None:
             self.check(result)
         return result
@@ -196,21 +217,21 @@ class SampleRows(Rows):
 
     def checking(self, check: ResultCheck | None) -> SampleRows:
         """These rows, each row's result checked by ``check`` as it returns."""
-        return SampleRows(self.samples, self.offset, check)
+        return dataclasses.replace(self, check=check)
 
     def head(self, stop: int) -> SampleRows:
         """The first ``stop`` rows."""
-        return SampleRows(self.samples[:stop], self.offset, self.check)
+        return dataclasses.replace(self, samples=self.samples[:stop])
 
     def layout(self) -> Any:
         return ("samples", type(self.samples[0]).__qualname__ if self.samples else None)
 
     def window(self, start: int, stop: int) -> SampleRows:
         window = self.samples[start - self.offset : stop - self.offset]
-        return SampleRows(window, start, self.check)
+        return dataclasses.replace(self, samples=window, offset=start)
 
     def take(self, start: int, stop: int) -> SampleRows:
-        return SampleRows(self.samples[start:stop], start, self.check)
+        return dataclasses.replace(self, samples=self.samples[start:stop], offset=start)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # samples cross to workers as bytes from a pickler that copies each tensor's
@@ -218,7 +239,7 @@ class SampleRows(Rows):
         # multiprocessing pickler a shared-memory segment each), 10x more for small ones
         buffer = io.BytesIO()
         _RawTensorPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(list(self.samples))
-        return (_load_samples, (buffer.getvalue(), self.offset, self.check))
+        return (_load_samples, (buffer.getvalue(), self.offset, self.check, self.seeds))
 
 
 class _RawTensorPickler(pickle.Pickler):
@@ -250,8 +271,10 @@ def _raw(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
     return t
 
 
-def _load_samples(blob: bytes, offset: int, check: ResultCheck | None = None) -> SampleRows:
-    return SampleRows(pickle.loads(blob), offset, check)
+def _load_samples(
+    blob: bytes, offset: int, check: ResultCheck | None = None, seeds: Seeding | None = None
+) -> SampleRows:
+    return SampleRows(pickle.loads(blob), offset, check, seeds)
 
 
 def rows_of(batch: Any) -> TensorRows:

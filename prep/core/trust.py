@@ -69,7 +69,7 @@ def _pristine(rows: Rows, stop: int) -> Rows | None:
         return rows.take(0, stop)
     if isinstance(rows, SampleRows):
         try:
-            return SampleRows([copy.deepcopy(s) for s in rows.samples[:stop]])
+            return SampleRows([copy.deepcopy(s) for s in rows.samples[:stop]], seeds=rows.seeds)
         except Exception:  # a sample holding a lock, a file, a C object
             return None
     return None

@@ -88,6 +88,9 @@ class Traits:
     #: whether it calls the row function's batched twin in place of it (whose rows are
     #: checked against the row function's, serial being the reference)
     calls_twin: bool = False
+    #: whether rows run at once in threads of one process, sharing its global random
+    #: generators (``seed=`` then needs a row function that draws from its own ``rng``)
+    shares_generators: bool = False
 
 
 class Executor(ABC):

@@ -152,6 +152,10 @@ class Job:
 
     def run_range(self, start: int, stop: int, cancelled: Callable[[], bool] = bool) -> None:
         """Compute and store rows ``start:stop`` in this thread, a block at a time."""
+        with self.rows.seeded_run():
+            self._run_range(start, stop, cancelled)
+
+    def _run_range(self, start: int, stop: int, cancelled: Callable[[], bool]) -> None:
         sink, i = self.sink, start
         while i < stop and not cancelled():
             if sink.output is None:

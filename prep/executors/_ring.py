@@ -10,6 +10,7 @@ travel as they are (their own descriptor), small ones inside the message.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
 
@@ -46,7 +47,7 @@ class Ring:
                 lent.append(buf)
                 c = buf.view(c.dtype).view(c.shape).copy_(c)
             columns.append(c)
-        travels = TensorRows(tuple(columns), rows.names, rows.offset, rows.check)
+        travels = dataclasses.replace(rows, columns=tuple(columns))
         return travels, Loan(self, lent, holders)
 
     @staticmethod

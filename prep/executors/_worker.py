@@ -110,6 +110,13 @@ def write_rows(
 ) -> Done | Failure:
     """Rows ``start:stop`` into ``out`` a block at a time; :class:`Done`, or the first
     failure (``live``: as :func:`_error` reports it to a thread of this process)."""
+    with rows.seeded_run():
+        return _write_rows(fn, rows, out, start, stop, live)
+
+
+def _write_rows(
+    fn: Any, rows: Rows, out: Output, start: int, stop: int, live: bool
+) -> Done | Failure:
     for block in range(start, stop, BLOCK):
         results = []
         for i in range(block, min(stop, block + BLOCK)):

@@ -37,7 +37,7 @@ PARTS = 2
 
 class ThreadExecutor(Executor):
     name = "threads"
-    traits = Traits(stream_workers=("threads",))
+    traits = Traits(stream_workers=("threads",), shares_generators=True)
 
     def __init__(self, workers: int | None = None) -> None:
         super().__init__(workers)

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from .._batch import check_seeded
 from .._kept import keep_newest
 from ..errors import ConfigError
 from ..executors import Executor, traits_of
@@ -82,6 +83,9 @@ class Streams:
         if not may_fork:  # a DataLoader worker cannot have children
             kept = tuple(f for f in flavours if not traits_of(f).needs_processes)
             flavours = kept or ((IN_WORKERS,) if flavours else ())
+        if work.global_draws:  # seed=: threads share the generators the rows draw from
+            check_seeded(kind, rng=False)
+            flavours = tuple(f for f in flavours if not traits_of(f).shares_generators)
         prefetch = self.prefetch(prefetch, strategy, kind)
         strategy = check_strategy(strategy, kind, self.workers, prefetch)
         if work.options.out is not None and prefetch != 0:

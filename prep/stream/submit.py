@@ -15,6 +15,7 @@ Between the two, the batch runs one of three ways:
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from .._warn import Site, pointing_at
 from ..core.checks import check_fn
 from ..core.options import Options
 from ..core.rows import Rows, SampleRows, rows_of
+from ..core.seeding import mix, takes_rng
 from ..errors import WorkerCrashed
 from ..executors import Executor, Parts, Ticket
 from .delivery import Delivery
@@ -54,6 +56,16 @@ class Work:
         self.executors, self.executor = executors, executor
         self.site = Site.here()  # the user's line that called imap
         self.meter = CountBar("batch") if options.progress else None
+        self._numbers = itertools.count()  # each batch's, in the order they are submitted
+        #: seed= with a function that draws from the global generators: no threads
+        self.global_draws = options.seed is not None and not takes_rng(fn)
+
+    def _next(self) -> Options:
+        """The next batch's options: under ``seed=``, batch ``k``'s rows keyed under
+        ``mix(seed, k)``, whoever runs them (``core.seeding``)."""
+        number = next(self._numbers)
+        seed = self.options.seed
+        return self.options if seed is None else self.options.with_(seed=mix(seed, number))
 
     def rows(self, batch: Any) -> Rows:
         return SampleRows(list(batch)) if self.samples else rows_of(batch)
@@ -62,13 +74,15 @@ class Work:
         """The batch through the pool's executor, in this thread: ``map_rows``."""
         rows = self.rows(batch)
         check_fn(self.fn, None, "map_rows", "batch")  # raised at the batch, as its errors are
+        options = self._next()
         with pointing_at(self.site):
-            out = _batch.run(self.executors(self.executor), self.bound, rows, self.options)
+            out = _batch.run(self.executors(self.executor), self.bound, rows, options)
         return self._count(out, len(rows))
 
-    def start(self, rows: Rows) -> _batch.Batch:
+    def start(self, rows: Rows, ex: Executor) -> _batch.Batch:
+        """The batch's job, for ``ex``'s workers to run."""
         check_fn(self.fn, None, "map_rows", "batch")
-        return _batch.start(self.bound, rows, self.options)
+        return _batch.start(self.bound, rows, self._next(), ex)
 
     def finish(self, batch: _batch.Batch, result: Any, ex: Executor) -> Any:
         """The batch's result, once ``ex``'s workers made its output."""
@@ -124,7 +138,7 @@ class Submitter:
 
     def _in_parts(self, ex: Executor, rows: Rows) -> Delivery:
         """A part per worker on ``ex``'s workers, finished when the loop takes it."""
-        batch = self.work.start(rows)
+        batch = self.work.start(rows, ex)
         engine = ex.engine
         parts = Parts(engine, batch.job, engine.workers, self._key(ex.name, engine))
         finish = lambda tickets: self.work.finish(batch, parts.result(), ex)  # noqa: E731
@@ -135,9 +149,10 @@ class Submitter:
         fill/skip has the batch run again through ``flavour``'s executor, which runs the
         rows it held alone, so that the row that killed it fails alone."""
         ex = self.work.executors(flavour)
-        batch = self.work.start(rows)
+        batch = self.work.start(rows, ex)
         job = batch.job
-        ticket = ex.engine.submit(self._key(flavour, ex.engine), rows, job.policy, job.timeout)
+        sent = rows if job.rows.seeds is None else rows.seeding(job.rows.seeds)
+        ticket = ex.engine.submit(self._key(flavour, ex.engine), sent, job.policy, job.timeout)
 
         def finish(tickets: list[Ticket]) -> Any:
             try:
