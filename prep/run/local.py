@@ -52,6 +52,7 @@ from .shards import load_shard
 from .task import (
     IN_WORKER,
     ShardTask,
+    halt_workers,
     run_shard,
     run_shard_on_worker,
     shard_batch,
@@ -122,6 +123,7 @@ class ShardBackend:
 
     def __init__(self, pool: ProcessBatches, jobs: int, form: str = "serial") -> None:
         self.slots = jobs
+        halt_workers(False)  # a new run: its workers start every shard they are sent
         self._pool = pool
         self._form = form  # the executor each worker runs a shard's rows with
         self._key = pool.prepare(run_shard_on_worker)

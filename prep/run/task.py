@@ -4,7 +4,13 @@
               ─▶ map_rows(fn, batch, row options) ─▶ result dict (out / out0.. / its keys,
                  each with NAME_lengths after it under --pad; see :mod:`prep.run.rows`)
               ─▶ save_shard (temp, fsync, rename) ─▶ manifest entry (returned, not written;
-                 with the failed rows under --on-row-error fill/skip)
+                 with the failed rows under --on-row-error fill/skip, and the output's layout)
+
+The folder's fsync, which makes the rename durable, is the driver's, once for a group
+of shards, before it writes their manifest lines. A shard of 0 rows has no row to
+show its output: it is written as 0 rows in the layout (names, dtypes, row shapes)
+of a shard already done, which the driver gives its task; without one it is
+:class:`NoRows`, which the driver holds back until another shard is done.
 
 Everything a task needs travels in it (paths, the function's *name*, its
 arguments), so it pickles small; the function is imported where it runs.
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import mmap
 import os
 import threading
 import time
@@ -40,8 +47,12 @@ from .temps import Temps
 
 __all__ = [
     "IN_WORKER",
+    "Layout",
+    "NoRows",
     "ShardTask",
     "explain_first_shard",
+    "halt_workers",
+    "layout_of",
     "run_shard",
     "run_shard_on_worker",
     "worker_form",
@@ -53,6 +64,14 @@ __all__ = [
 IN_WORKER = in_caller()
 
 
+#: an output's layout: each saved tensor's name -> (dtype, the shape of one row)
+Layout = Mapping[str, tuple[str, tuple[int, ...]]]
+
+
+class NoRows(ShardError):
+    """A shard of 0 rows, and no shard done yet whose output's layout it can take."""
+
+
 @dataclass(frozen=True)
 class ShardTask:
     """One shard to process: everything a thread or a Dask worker needs."""
@@ -60,6 +79,17 @@ class ShardTask:
     source: ShardFile
     out: Path  # the output folder
     config: RunConfig
+    layout: Layout | None = None  # a done shard's, for an output of 0 rows
+
+
+def layout_of(tensors: Mapping[str, Tensor]) -> dict[str, list[Any]]:
+    """The output's :data:`Layout`, as its manifest entry records it (JSON: lists)."""
+    return {k: [str(t.dtype).removeprefix("torch."), list(t.shape[1:])] for k, t in tensors.items()}
+
+
+def _empty(layout: Layout) -> dict[str, Tensor]:
+    return {k: torch.empty((0, *shape), dtype=getattr(torch, dtype)) for k, (dtype, shape) in
+            layout.items()}  # fmt: skip
 
 
 def shard_batch(
@@ -126,19 +156,22 @@ def run_shard(
     if config.columns is None:  # the row's tensors go by their names in this shard
         config.check_call(list(batch), src.path)
     fn = config.bound_fn()
-    if config.device is not None and torch.device(config.device).type != "cpu":
-        # compute where the result is wanted: the batched twin then runs on the GPU
-        batch = _to(batch, config.device)
-    with compute or contextlib.nullcontext():
+    if rows == 0:
+        tensors, failures, ran = _no_rows(task)
+    else:
+        if config.device is not None and torch.device(config.device).type != "cpu":
+            # compute where the result is wanted: the batched twin then runs on the GPU
+            batch = _to(batch, config.device)
+        with compute or contextlib.nullcontext():
+            _check(cancel, src)
+            result, ran = _map(fn, batch, rows, config, pool, src)
         _check(cancel, src)
-        result, ran = _map(fn, batch, rows, config, pool, src)
-    _check(cancel, src)
+        tensors, failures = _outputs(result, config)
     if _stat(src.path) != before:  # with mmap the data was read during the call
         raise ShardError(f"{src.path}: changed while it was read; rerun once it is complete")
-    tensors, failures = _outputs(result, config)
     kept = rows - len(failures["failed_rows"]) if config.on_row_error == "skip" else rows
     dest, rel = src.output(task.out, config.format)
-    sha, size = save_shard(tensors, dest, config.format or src.format, temps)
+    sha, size = save_shard(tensors, dest, config.format or src.format, temps, sync_folder=False)
     return {
         "schema": SCHEMA,
         "input": src.rel,
@@ -149,6 +182,7 @@ def run_shard(
         "output_sha256": sha,
         "rows": kept,
         "input_rows": rows,
+        "layout": layout_of(tensors),
         **config.recipe(),
         **ran,
         **failures,
@@ -165,14 +199,39 @@ def worker_form(executor: str) -> str:
     return executor if executor in IN_WORKER else "serial"  # the reference
 
 
+def _no_rows(task: ShardTask) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, str]]:
+    """A 0-row shard's output, in the layout its task carries; :class:`NoRows` if none."""
+    if task.layout is None:
+        raise NoRows(
+            f"{task.source.path}: has 0 rows, and no shard of this run was done to show the "
+            f"output's names, dtypes and row shapes; run it together with shards that have "
+            f"rows (it is then written with 0 rows in their layout), or leave it out"
+        )
+    empty: dict[str, Any] = {"failed_rows": [], "row_errors": []}
+    failed = empty if task.config.on_row_error != "raise" else {}
+    return _empty(task.layout), failed, {}
+
+
 #: the Pool of each (executor, setup) in this worker process: setup= runs once a worker
 _worker_pools: dict[tuple[str, str | None], Pool] = {}
+#: one byte shared with the shard workers forked from this process: set, they start no
+#: other shard (the disk is full); made at import, so every fork of it shares the page
+_HALT = mmap.mmap(-1, 1)
+
+
+def halt_workers(halt: bool = True) -> None:
+    """Tell the forked shard workers to start no other shard (``False``: clear it, for a
+    new run). Workers from prep's forkserver do not share it."""
+    _HALT[0] = int(halt)
 
 
 def run_shard_on_worker(task: ShardTask) -> dict[str, Any]:
     """:func:`run_shard` in a shard worker process (``prep run``'s shards in parallel): the
     rows run with the config's executor if it needs no process of its own (serial for
-    auto), on this worker's share of the cores, and ``--setup`` once per worker."""
+    auto), on this worker's share of the cores, and ``--setup`` once per worker; a shard
+    queued after :func:`halt_workers` is not started (:class:`~prep.errors.Cancelled`)."""
+    if _HALT[0]:
+        raise Cancelled(f"{task.source.path}: not started, the run stopped")
     config = task.config
     executor = worker_form(config.executor)
     key = (executor, config.setup)
