@@ -38,6 +38,7 @@ from ..api import explain
 from ..core.rows import rows_of
 from ..errors import Cancelled, RowError, ShardError
 from ..pool import SHARED, Pool
+from ..executors import traits_of
 from ..registry import in_caller
 from .config import RunConfig
 from .manifest import SCHEMA
@@ -241,6 +242,11 @@ def run_shard_on_worker(task: ShardTask) -> dict[str, Any]:
     return run_shard(task, pool)
 
 
+#: a batched form (vmap, a twin) runs a whole-shard worker's rows this many bytes of
+#: input at a time: its intermediates are a slice's, not a second and third shard
+SLICE_BYTES = 8 << 20
+
+
 def _map(
     fn: Callable[..., Any],
     batch: Any,
@@ -255,7 +261,21 @@ def _map(
     try:
         if pool is None:
             pool = SHARED.pool(config.executor, config.workers, config.setup_fn())
-        return pool.run(fn, rows_of(batch), options), ran_with(pool, config.executor)
+        step = _slice_rows(batch, rows)
+        if traits_of(pool.executor).per_row or not options.policy.plain or step >= rows:
+            return pool.run(fn, rows_of(batch), options), ran_with(pool, config.executor)
+        # the first slice shows the output; the others are written into it in place
+        first = pool.run(fn, rows_of(_rows(batch, 0, step)), options)
+        if not all(isinstance(t, Tensor) for t in _flat(first)):  # _outputs says why
+            return first, ran_with(pool, config.executor)
+        out = _leaves(first, lambda t: t.new_empty((rows, *t.shape[1:])))
+        for whole, part in zip(_flat(out), _flat(first)):
+            whole[:step].copy_(part)
+        for start in range(step, rows, step):
+            end = min(rows, start + step)
+            into = _leaves(out, lambda t, a=start, b=end: t[a:b])
+            pool.run(fn, rows_of(_rows(batch, start, end)), options.with_(out=into))
+        return out, ran_with(pool, config.executor)
     except RowError as exc:
         if config.on_row_error == "raise":
             raise
@@ -265,6 +285,33 @@ def _map(
             f"{src.path}: all {rows} rows failed (--on-row-error {config.on_row_error}), "
             f"so there is no output to save; the first, {exc.__cause__ or exc}"
         ) from exc
+
+
+def _slice_rows(batch: Any, rows: int) -> int:
+    """Rows in :data:`SLICE_BYTES` of the shard's input (at least one)."""
+    total = sum(t.nbytes for t in (batch.values() if isinstance(batch, dict) else batch))
+    return max(1, rows * SLICE_BYTES // max(1, total))
+
+
+def _rows(batch: Any, start: int, end: int) -> Any:
+    if isinstance(batch, dict):
+        return {k: t[start:end] for k, t in batch.items()}
+    return tuple(t[start:end] for t in batch)
+
+
+def _flat(result: Any) -> list[Any]:
+    if isinstance(result, Mapping):
+        return list(result.values())
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _leaves(result: Any, f: Callable[[Tensor], Tensor]) -> Any:
+    """``f`` on each tensor of a result (a tensor, a tuple or list, or a dict of them)."""
+    if isinstance(result, Mapping):
+        return {k: f(v) for k, v in result.items()}
+    if isinstance(result, (tuple, list)):
+        return type(result)(map(f, result))
+    return f(result)
 
 
 def ran_with(pool: Pool, asked: str) -> dict[str, str]:
