@@ -4,13 +4,13 @@ test builds itself, none timed."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 import threading
 
 import psutil
@@ -255,10 +255,8 @@ def peak_pss(cmd: list[str]) -> int:
     while not ended.wait(0.01):  # a sample every 10 ms until the command ends
         total = 0
         for p in [root, *root.children(recursive=True)]:
-            try:
+            with contextlib.suppress(psutil.Error):  # a process that ended meanwhile
                 total += p.memory_full_info().pss
-            except psutil.Error:
-                pass
         peak = max(peak, total)
     assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     return peak

@@ -37,8 +37,8 @@ from .._version import __version__
 from ..api import explain
 from ..core.rows import rows_of
 from ..errors import Cancelled, RowError, ShardError
-from ..pool import SHARED, Pool
 from ..executors import traits_of
+from ..pool import SHARED, Pool
 from ..registry import in_caller
 from .config import RunConfig
 from .manifest import SCHEMA
