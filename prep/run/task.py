@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import mmap
 import os
 import threading
@@ -273,7 +274,7 @@ def _map(
             whole[:step].copy_(part)
         for start in range(step, rows, step):
             end = min(rows, start + step)
-            into = _leaves(out, lambda t, a=start, b=end: t[a:b])
+            into = _leaves(out, functools.partial(_slice, start=start, end=end))
             pool.run(fn, rows_of(_rows(batch, start, end)), options.with_(out=into))
         return out, ran_with(pool, config.executor)
     except RowError as exc:
@@ -297,6 +298,10 @@ def _rows(batch: Any, start: int, end: int) -> Any:
     if isinstance(batch, dict):
         return {k: t[start:end] for k, t in batch.items()}
     return tuple(t[start:end] for t in batch)
+
+
+def _slice(t: Tensor, start: int, end: int) -> Tensor:
+    return t[start:end]
 
 
 def _flat(result: Any) -> list[Any]:
