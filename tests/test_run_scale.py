@@ -253,13 +253,18 @@ def peak_pss(cmd: list[str]) -> int:
     root, peak, ended = psutil.Process(proc.pid), 0, threading.Event()
     threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
     while not ended.wait(0.01):  # a sample every 10 ms until the command ends
-        total = 0
+        peak = max(peak, _tree_pss(root))
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    return peak
+
+
+def _tree_pss(root: psutil.Process) -> int:
+    total = 0
+    with contextlib.suppress(psutil.Error):  # the command ended meanwhile
         for p in [root, *root.children(recursive=True)]:
             with contextlib.suppress(psutil.Error):  # a process that ended meanwhile
                 total += p.memory_full_info().pss
-        peak = max(peak, total)
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
-    return peak
+    return total
 
 
 @pytest.mark.timeout(300)
