@@ -413,8 +413,9 @@ def report(
     ok = {c.name: medians[c.name] for c in racing if c.ok}
     loop = ok.get("loop")
     best = min(ok.values()) if ok else None
+    shards = args.small_shards if job.startswith("small-") else args.shards
     lines = [
-        f"### {job}: {args.small_shards if job.startswith("small-") else args.shards} shards x {rows} rows, `prepare_jobs:{FUNCTIONS[job]}` "
+        f"### {job}: {shards} shards x {rows} rows, `prepare_jobs:{FUNCTIONS[job]}` "
         f"({per_row * 1e6:,.0f} us a row in this process), {args.workers} workers, "
         f"{args.repeat} repeat(s)",
         "",
