@@ -194,7 +194,12 @@ NEEDS = {"datasets.map": "datasets", "litdata.optimize": "litdata"}
 ALIASES = {"pool": "mp.Pool", "datasets": "datasets.map", "litdata": "litdata.optimize"}
 PREP = "prep run"  # the defaults; its variants are named "prep run FLAGS"
 DEFAULT_FLAGS = "--jobs 1;--workers 1;--parallel rows;--parallel shards"
-FUNCTIONS = {"wwm": "wwm_row", "images": "image_row"}
+FUNCTIONS = {
+    "wwm": "wwm_row",
+    "images": "image_row",
+    "small-torch": "cumsum_row",  # issue 38: many small shards (--small-shards of 8 rows)
+    "small-python": "python_row",
+}
 
 
 @dataclass
@@ -353,9 +358,11 @@ def importable(module: str) -> str | None:
 
 def race(args: argparse.Namespace, job: str, root: Path, env: dict[str, str]) -> list[str]:
     """Write the job's shards, race the contenders on them, and return the report's lines."""
-    rows_per = args.rows_wwm if job == "wwm" else args.rows_images
+    small = job.startswith("small-")
+    rows_per = {"wwm": args.rows_wwm, "images": args.rows_images}.get(job, args.rows_small)
     data = root / f"data-{job}"
-    paths = prepare_jobs.write_shards(data, job, args.shards, rows_per, seed=1)
+    shards = args.small_shards if small else args.shards
+    paths = prepare_jobs.write_shards(data, job, shards, rows_per, seed=1)
     names = [p.name for p in paths]
     rows = [rows_per] * len(names)
     want, per_row = reference(data, names, FUNCTIONS[job])
@@ -406,8 +413,9 @@ def report(
     ok = {c.name: medians[c.name] for c in racing if c.ok}
     loop = ok.get("loop")
     best = min(ok.values()) if ok else None
+    shards = args.small_shards if job.startswith("small-") else args.shards
     lines = [
-        f"### {job}: {args.shards} shards x {rows} rows, `prepare_jobs:{FUNCTIONS[job]}` "
+        f"### {job}: {shards} shards x {rows} rows, `prepare_jobs:{FUNCTIONS[job]}` "
         f"({per_row * 1e6:,.0f} us a row in this process), {args.workers} workers, "
         f"{args.repeat} repeat(s)",
         "",
@@ -469,7 +477,10 @@ def machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", default="wwm,images", help="comma-separated: wwm, images")
+    ap.add_argument("--jobs", default="wwm,images",
+                    help="comma-separated: wwm, images, small-torch, small-python")  # fmt: skip
+    ap.add_argument("--small-shards", type=int, default=2000, help="shards of the small jobs")
+    ap.add_argument("--rows-small", type=int, default=8, help="rows per small shard")
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--rows-wwm", type=int, default=2048, help="rows per wwm shard")
     ap.add_argument("--rows-images", type=int, default=96, help="rows per images shard")
@@ -492,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.shards, args.rows_wwm, args.rows_images, args.repeat = 2, 128, 8, 1
+        args.small_shards = min(args.small_shards, 20)
         args.timeout = min(args.timeout, 120)
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     unknown = [j for j in jobs if j not in FUNCTIONS]

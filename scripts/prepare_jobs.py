@@ -161,9 +161,42 @@ def make_image_shard(rows: int, seed: int) -> dict[str, torch.Tensor]:
     return {"image": image, "seed": seeds}
 
 
+# ------------------------------------------------------------------ many small shards
+# issue 38: 2,000 shards of 8 rows (int64 [32]), where what a shard costs beyond its rows
+# (a round trip, a manifest line, an fsync) is most of the run
+
+SMALL_WIDTH = 32
+
+
+def cumsum_row(x: torch.Tensor) -> torch.Tensor:
+    """A light torch row."""
+    return x.cumsum(0)
+
+
+def python_row(x: torch.Tensor) -> torch.Tensor:
+    """A pure-Python row of about 40 us (the GIL held): a running sum, element by element."""
+    values, total, out = x.tolist(), 0, []
+    for _ in range(12):
+        total, out = 0, []
+        for v in values:
+            total += v * v % 7
+            out.append(total)
+    return torch.tensor(out)
+
+
+def make_small_shard(rows: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"x": torch.randint(0, 1000, (rows, SMALL_WIDTH), generator=g)}
+
+
 # ------------------------------------------------------------------ shards on disk
 
-MAKERS = {"wwm": make_wwm_shard, "images": make_image_shard}
+MAKERS = {
+    "wwm": make_wwm_shard,
+    "images": make_image_shard,
+    "small-torch": make_small_shard,
+    "small-python": make_small_shard,
+}
 
 
 def write_shards(folder: Path | str, job: str, shards: int, rows: int, seed: int = 0) -> list[Path]:

@@ -3,12 +3,13 @@
 The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow)::
 
     shards.py    find, load (weights_only) and save (temp file, fsync, rename) shard files
-    manifest.py  manifest.jsonl: one fsynced line per finished shard; what --resume trusts
+    manifest.py  manifest.jsonl: a line per finished shard, fsynced a group at a time
     calls.py     --fn and --setup found (a module or a .py path); a row call checked
     config.py    RunConfig: the function, its arguments, the row options; checked up front
     task.py      one shard's work, wherever it runs: load -> map_rows -> save -> entry
     rows.py      what an output holds under the row options: lengths, failed rows recorded
-    jobs.py      the driver: shards in flight, results recorded, Ctrl-C/SIGTERM handled
+    jobs.py      run_shards: what to do, where it runs, Ctrl-C/SIGTERM handled
+    driver.py    shards in flight; results recorded by group commit, a full disk stops it
     plan.py      whole shards on worker processes, or rows spread out: measured, decided
     explain.py   --explain: the plan, threads, jobs and each shard's executor
     local.py     where shards run by default: whole on worker processes, or here by rows
@@ -37,6 +38,7 @@ from .plan import PARALLEL, ShardFigures, ShardPlan, decide
 from .progress import ShardProgress, Summary
 from .shards import (
     FORMATS,
+    OutOfSpace,
     ShardFile,
     find_shards,
     load_shard,
@@ -44,7 +46,7 @@ from .shards import (
     save_shard,
 )
 from .signals import sigterm_raises
-from .task import ShardTask, explain_first_shard, run_shard
+from .task import NoRows, ShardTask, explain_first_shard, run_shard
 from .temps import remove_stale_temps
 
 __all__ = [
@@ -53,6 +55,8 @@ __all__ = [
     "PARALLEL",
     "ROW_ERRORS",
     "Manifest",
+    "NoRows",
+    "OutOfSpace",
     "RunConfig",
     "ShardFigures",
     "ShardFile",

@@ -4,10 +4,12 @@
     ─────────────────────                  ─────────────────────────────────────────────────
     find_shards ─▶ drop those the manifest proves done
     plan: whole shards or rows (local)
-    submit up to `slots` ShardTasks ──────▶ run_shard: load ─▶ map_rows ─▶ save
+    submit up to `slots` ShardTasks ──────▶ run_shard: load ─▶ map_rows ─▶ save (fsync)
     done queue ◀──── manifest entry, or the exception ─┘
-    append the entry (fsync) ─▶ progress ─▶ submit the next
-    Ctrl-C / SIGTERM ─▶ abandon the tasks in flight (temp files removed) ─▶ re-raise
+    hold the entry; commit the group (folders fsynced, lines written, one fsync)
+    ─▶ progress ─▶ submit the next                       (prep.run.driver)
+    Ctrl-C / SIGTERM ─▶ commit what landed ─▶ abandon the tasks in flight (temp files
+    removed) ─▶ re-raise
 
 Locally, :mod:`prep.run.local` runs whole shards on worker processes (each loads,
 computes and saves its shard: the DataLoader's shape), or one shard at a time in
@@ -25,18 +27,16 @@ a second run would otherwise silently mix two runs' outputs.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import queue
 import time
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from ..errors import ClusterLost, ConfigError, RowError, Terminated
-from . import failures
+from ..errors import ConfigError, Terminated
 from .config import RunConfig
+from .driver import Backend, Driver
 from .local import check_parallel, local_backend
 from .manifest import Manifest, recipe_changes
 from .plan import PARALLEL, ShardPlan
@@ -46,22 +46,9 @@ from .signals import shielded
 from .task import ShardTask
 from .temps import remove_stale_temps
 
-__all__ = ["ON_ERROR", "Backend", "run_shards"]
+__all__ = ["ON_ERROR", "run_shards"]
 
 ON_ERROR = ("stop", "skip")
-_POLL = 0.25  # seconds between checks of the done queue
-
-
-class Backend(Protocol):
-    """Where tasks run: ``slots`` at a time; each finished one lands on the done queue."""
-
-    slots: int
-
-    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None: ...
-
-    def abandon(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _backend(
@@ -145,7 +132,7 @@ def run_shards(
     _check(config, jobs, on_error, parallel)
     folder = Path(out)
     progress = progress or ShardProgress(quiet=True)
-    manifest, todo, summary, stale = _plan(list(inputs), folder, config, resume, progress)
+    manifest, todo, summary, stale, layouts = _plan(list(inputs), folder, config, resume, progress)
     if not todo:  # all done already: no pool or cluster to start
         progress.start(0, summary.skipped, len(stale))
         progress.finish(summary)
@@ -155,10 +142,12 @@ def run_shards(
     backend, plan = _backend(config, todo, jobs, cluster, parallel)
     summary.plan = plan.sentence() if plan is not None else ""
     progress.start(len(todo), summary.skipped, len(stale), summary.plan)
+    driver = Driver(backend, todo, manifest, on_error, progress, summary, layouts)
     try:
-        _drive(backend, todo, manifest, on_error, progress, summary)
+        driver.run()
     except BaseException as exc:  # Ctrl-C, SIGTERM, or the manifest's disk failing
         with shielded():
+            driver.commit_held()  # what landed is done: its outputs are in place
             _abandon(backend, exc, len(todo), folder, summary)
         raise
     else:
@@ -191,10 +180,11 @@ def _plan(
     config: RunConfig,
     resume: bool,
     progress: ShardProgress,
-) -> tuple[Manifest, deque[ShardTask], Summary, list[Path]]:
-    """The manifest, the shards still to do, the summary so far and the stale temps
-    removed; what the run will not do as asked is said first (files that are not shards,
-    shards redone because the recipe changed)."""
+) -> tuple[Manifest, deque[ShardTask], Summary, list[Path], dict[str, Any]]:
+    """The manifest, the shards still to do, the summary so far, the stale temps
+    removed and the output layouts of the shards done; what the run will not do as
+    asked is said first (files that are not shards, shards redone because the recipe
+    changed)."""
     shards = find_shards(inputs)
     config.check_first_shard(shards[0].path)  # before --out is made or any shard runs
     _prepare_out(folder, inputs)
@@ -212,11 +202,9 @@ def _plan(
         progress.note(_skipped_files(others))
     stale = remove_stale_temps(folder)
     recipe = config.recipe()
-    todo = deque(
-        ShardTask(s, folder, config)
-        for s in shards
-        if not manifest.is_done(previous.get(s.rel), s, recipe)
-    )
+    done = {s.rel for s in shards if manifest.is_done(previous.get(s.rel), s, recipe)}
+    todo = deque(ShardTask(s, folder, config) for s in shards if s.rel not in done)
+    layouts = {rel: previous[rel]["layout"] for rel in done if "layout" in previous[rel]}
     changed = [c for t in todo if t.source.rel in previous for c in
                [recipe_changes(previous[t.source.rel], recipe)] if c]  # fmt: skip
     if changed:
@@ -231,77 +219,7 @@ def _plan(
         manifest=str(manifest.path),
         on_row_error=config.on_row_error,
     )
-    return manifest, todo, summary, stale
-
-
-def _drive(
-    backend: Backend,
-    todo: deque[ShardTask],
-    manifest: Manifest,
-    on_error: str,
-    progress: ShardProgress,
-    summary: Summary,
-) -> None:
-    """Keep ``backend.slots`` tasks in flight; record each result as it lands."""
-    done: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    in_flight = 0
-    stopping = False
-    while True:
-        while todo and in_flight < backend.slots and not stopping:
-            backend.submit(todo.popleft(), done)
-            in_flight += 1
-            summary.abandoned = in_flight
-        if in_flight == 0:
-            break
-        try:
-            task, outcome = done.get(timeout=_POLL)  # a timeout lets signals in
-        except queue.Empty:
-            continue
-        in_flight -= 1
-        summary.abandoned = in_flight
-        if isinstance(outcome, ClusterLost):  # no shard's fault: the run ends here
-            summary.abandoned += 1  # this shard too: it never finished, --resume redoes it
-            raise outcome
-        if isinstance(outcome, BaseException):
-            _record_failure(task, outcome, manifest, progress, summary)
-            # a setting that cannot work (the function cannot be called on these
-            # columns) fails every shard alike: stop whatever --on-error says
-            stopping = stopping or on_error == "stop" or isinstance(outcome, ConfigError)
-        else:
-            manifest.append(outcome)
-            summary.done += 1
-            summary.rows += outcome["rows"]
-            summary.bytes_read += outcome["input_size"]
-            if outcome.get("failed_rows"):
-                summary.rows_failed += len(outcome["failed_rows"])
-                summary.shards_with_failed_rows += 1
-            progress.done(outcome)
-    summary.not_started = len(todo)
-
-
-def _record_failure(
-    task: ShardTask,
-    exc: BaseException,
-    manifest: Manifest,
-    progress: ShardProgress,
-    summary: Summary,
-) -> None:
-    """One line for the terminal; the whole traceback in the manifest and the summary
-    (a bug, in prep or the function, must leave a trace of where it happened)."""
-    error = failures.line(exc)
-    summary.failed.append((task.source.rel, error))
-    summary.tracebacks[task.source.rel] = failures.full(exc)
-    first = not summary.traceback or task.source.rel < summary.traceback_of
-    if first and failures.wants_traceback(exc):
-        # the terminal shows one: the failed shard first by name (a folder's order),
-        # whichever finished first, so that a rerun shows the same one
-        summary.traceback = failures.short(exc)
-        summary.traceback_of = task.source.rel
-    summary.row_failures += isinstance(exc, RowError)
-    with contextlib.suppress(OSError):  # it was read before it failed, or tried
-        summary.bytes_read += task.source.path.stat().st_size
-    manifest.append(failures.entry(task, exc))
-    progress.failed(task.source.rel, error)
+    return manifest, todo, summary, stale, layouts
 
 
 def _skipped_files(others: list[Path]) -> str:

@@ -52,6 +52,7 @@ from .shards import load_shard
 from .task import (
     IN_WORKER,
     ShardTask,
+    halt_workers,
     run_shard,
     run_shard_on_worker,
     shard_batch,
@@ -73,6 +74,9 @@ __all__ = [
 LOCAL_JOBS = 2
 #: seconds prep's forkserver is taken to need to start when it has not been measured
 _SERVER_GUESS = 2.0
+#: the plan measures on at most this many bytes of the first shard's rows: a slice, so
+#: that a light row does not make it compute (and hold) half a gigabyte shard again
+_SLICE_BYTES = 8 << 20
 
 
 class RowBackend:
@@ -122,6 +126,7 @@ class ShardBackend:
 
     def __init__(self, pool: ProcessBatches, jobs: int, form: str = "serial") -> None:
         self.slots = jobs
+        halt_workers(False)  # a new run: its workers start every shard they are sent
         self._pool = pool
         self._form = form  # the executor each worker runs a shard's rows with
         self._key = pool.prepare(run_shard_on_worker)
@@ -291,7 +296,9 @@ def first_shard_figures(
             return SHARED.pool(executor, 1).run(fn, rows_of(_head(batch, k)), options)
 
         names = IN_WORKER if config.executor == AUTO else (config.executor,)
-        forms = measure(run, n, workers, names)
+        head = _head(batch, 1)
+        row_bytes = sum(t.nbytes for t in (head.values() if isinstance(head, dict) else head))
+        forms = measure(run, min(n, max(3, _SLICE_BYTES // max(1, row_bytes))), workers, names)
     except Exception:
         return None
     if not forms.one:

@@ -1,10 +1,18 @@
 """The manifest of a ``prep run``: one JSON line per finished shard, appended durably.
 
 ``manifest.jsonl`` lives in the output folder. The run's driver is its only
-writer; each line is written, flushed and fsynced once the shard's output is
-renamed into place, so a crash loses at most the shard in flight. A crash in
-the middle of an append leaves a torn last line, which :meth:`Manifest.open`
-cuts off before appending again.
+writer, and it writes by group commit: the lines of the shards that landed
+within a few milliseconds (:meth:`Manifest.add`) are written at once
+(:meth:`Manifest.commit`), after their outputs are durable::
+
+    worker: output to a temp file ─fsync─▶ rename        (each shard, where it ran)
+    driver: fsync the outputs' folders ─▶ write the group's lines ─fsync─▶ durable
+
+so a line is never on disk before its output, and a crash loses at most the shards
+in flight and the group not yet committed: their outputs may be in place, but
+with no line ``--resume`` redoes them, to the same bytes. A crash in the middle
+of a commit leaves a torn last line, which :meth:`Manifest.open` cuts off before
+appending again.
 
 One entry (schema 1; keys sorted when written)::
 
@@ -47,13 +55,14 @@ the match either.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from .shards import ShardFile, sha256_file
+from .shards import ShardFile, sha256_file, sync_folders
 
 __all__ = ["NAME", "SCHEMA", "Manifest", "recipe_changes"]
 
@@ -97,6 +106,7 @@ class Manifest:
         self.folder = folder
         self.path = folder / NAME
         self._file: IO[str] | None = None
+        self.pending: list[Mapping[str, Any]] = []  # added, not yet committed
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """The latest finished shard's entry per input (later lines win); failures, torn
@@ -159,10 +169,48 @@ class Manifest:
 
     def append(self, entry: Mapping[str, Any]) -> None:
         """Add one entry durably (written, flushed and fsynced before returning)."""
+        self.add(entry)
+        self.commit()
+
+    def add(self, entry: Mapping[str, Any]) -> None:
+        """Hold ``entry`` for the next :meth:`commit` (its output renamed into place)."""
+        self.pending.append(entry)
+
+    def commit(self) -> list[Mapping[str, Any]]:
+        """Make the held entries durable, outputs first: fsync the folders their outputs
+        were renamed into, then write the lines and fsync the manifest once. Returns
+        them; on an OSError they stay held (none counts as recorded)."""
+        group = self.pending
+        if not group:
+            return []
+        sync_folders(self._folders(group))
         f = self._file or self.open()
-        f.write(json.dumps(dict(entry), sort_keys=True, separators=(",", ":")) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+        try:
+            f.write("".join(
+                json.dumps(dict(e), sort_keys=True, separators=(",", ":")) + "\n" for e in group
+            ))  # fmt: skip
+            f.flush()
+            os.fsync(f.fileno())
+        except OSError:
+            # closed, so that the next open cuts off what part of the group was written
+            self._file = None
+            with contextlib.suppress(OSError):
+                f.close()
+            raise
+        self.pending = []
+        return group
+
+    def _folders(self, group: list[Mapping[str, Any]]) -> list[Path]:
+        """The folders of the group's outputs, and theirs up to this one (a sub-folder
+        made for an output is an entry of its parent)."""
+        found: dict[Path, None] = {}
+        for entry in group:
+            if "output" in entry:
+                folder = (self.folder / str(entry["output"])).parent
+                while folder != self.folder and self.folder in folder.parents:
+                    found[folder] = None
+                    folder = folder.parent
+        return [*found, self.folder]
 
     def close(self) -> None:
         """Close the file. It is safe to call this several times."""

@@ -44,6 +44,8 @@ class Summary:
     shards_with_failed_rows: int = 0
     #: how the shards ran, and why, in one sentence (locally; "" on a cluster)
     plan: str = ""
+    #: why no shard started after some point: the disk under --out is full (one line)
+    halted: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -51,7 +53,7 @@ class Summary:
         what it was asked, and warns); 1 when some shard failed; 130/143 when interrupted."""
         if self.interrupted is not None:
             return 143 if self.interrupted == "SIGTERM" else 130
-        return 1 if self.failed else 0
+        return 1 if self.failed or self.halted else 0
 
 
 class ShardProgress:
@@ -107,6 +109,13 @@ class ShardProgress:
                 f"in {entry['seconds']:.2f} s{_ran(entry)}{_failed_rows(entry)}"
             )
 
+    def halt(self, line: str) -> None:
+        """The run starts no other shard: ``line`` says why and the fix (even when quiet)."""
+        if self._bar is not None:
+            self._bar.write(f"prep run: {line}", file=self.stream)
+        else:
+            self._line(line)
+
     def failed(self, name: str, error: str) -> None:
         self._count += 1
         if self._bar is not None:
@@ -144,7 +153,7 @@ class ShardProgress:
                 f"(temporary files removed); the {s.done} finished are recorded in "
                 f"{s.manifest}; rerun with --resume to finish"
             )
-        elif s.failed and s.not_started:
+        elif s.failed and s.not_started and s.halted is None:
             self._line(
                 f"stopped after the first failure; {s.not_started} shard(s) not started. "
                 f"Fix the failure and rerun with --resume, or pass --on-error skip to go on "

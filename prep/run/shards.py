@@ -14,6 +14,11 @@ Saving never leaves a truncated file under a final name::
     tensors ─serialize─▶ .{name}.tmp-{pid}-{random}   (same folder, so same filesystem)
             ─flush, fsync─▶ os.replace(tmp, name) ─fsync(folder)─▶ durable
 
+(``prep run`` leaves the folder's fsync to its driver, once for a group of shards:
+:func:`sync_folders`). A disk that is full, over quota or read-only is
+:class:`OutOfSpace`, named by its errno, also where torch's writer wraps the
+``OSError`` in an enforce message of its own.
+
 and the bytes are a function of the tensors alone: ``torch.save`` to a *path*
 names the zip's root folder after the file (a temporary name would leak into
 the bytes), so it writes to a file object, whose root is always ``archive/``;
@@ -23,8 +28,10 @@ storage. Two saves of equal dicts are byte-identical, in any process.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -40,6 +47,7 @@ from .temps import Temps
 
 __all__ = [
     "FORMATS",
+    "OutOfSpace",
     "ShardFile",
     "compact",
     "find_shards",
@@ -48,6 +56,7 @@ __all__ = [
     "other_files",
     "save_shard",
     "sha256_file",
+    "sync_folders",
 ]
 
 #: file suffix -> format name
@@ -226,18 +235,37 @@ def compact(t: Tensor) -> Tensor:
     return t
 
 
+class OutOfSpace(ShardError):
+    """An output could not be written: its disk is full, over quota or read-only. No
+    shard's fault: the run starts no other shard, and ``--resume`` finishes it."""
+
+
+#: errnos that say the disk, not the shard, is at fault, and the fix for each
+_FULL = {
+    errno.ENOSPC: "free space on it",
+    errno.EDQUOT: "free space on it (or raise your quota)",
+    errno.EROFS: "make it writable (or choose another --out)",
+}
+
+
 class _Hashing:
-    """A write-only file object that hashes what passes through it."""
+    """A write-only file object that hashes what passes through it, and keeps the
+    ``OSError`` of a failed write (torch's writer raises its own error in its place)."""
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
         self.sha = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         self.sha.update(data)
         self.size += memoryview(data).nbytes
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -258,32 +286,63 @@ _WRITERS: dict[str, Callable[[dict[str, Tensor], _Hashing], None]] = {
 
 
 def save_shard(
-    tensors: Mapping[str, Tensor], path: Path, fmt: str, temps: Temps | None = None
+    tensors: Mapping[str, Tensor],
+    path: Path,
+    fmt: str,
+    temps: Temps | None = None,
+    sync_folder: bool = True,
 ) -> tuple[str, int]:
     """Write ``tensors`` to ``path`` atomically and durably; returns (sha256 hex, size).
 
     Tensors are compacted (:func:`compact`) and written in the mapping's order.
     Parent folders are created. ``temps`` tracks the temporary file so that an
-    abandoned run can remove it.
+    abandoned run can remove it. ``sync_folder=False`` leaves the rename's fsync to
+    the caller (:func:`sync_folders`, once for many files). :class:`OutOfSpace` if
+    the disk is full, over quota or read-only.
     """
     if fmt not in _WRITERS:
         raise ConfigError(f"format={fmt!r} is not one of {', '.join(map(repr, _WRITERS))}")
     tensors = _owning(tensors)
     temps = temps if temps is not None else Temps()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temps.new(path)
+    out: _Hashing | None = None
+    tmp: Path | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temps.new(path)
         with open(tmp, "xb") as raw:
             out = _Hashing(raw)
             _WRITERS[fmt](tensors, out)
             raw.flush()
             os.fsync(raw.fileno())
         temps.replace(tmp, path)
-    except BaseException:
-        temps.forget(tmp)
+    except BaseException as exc:
+        if tmp is not None:
+            temps.forget(tmp)
+        cause = out.error if out is not None and out.error is not None else exc
+        if isinstance(cause, OSError) and cause.errno in _FULL:
+            raise _out_of_space(path, cause, tensors) from None
         raise
-    _fsync_dir(path.parent)
+    if sync_folder:
+        sync_folders([path.parent])
     return out.sha.hexdigest(), out.size
+
+
+def _out_of_space(path: Path, exc: OSError, tensors: Mapping[str, Tensor]) -> OutOfSpace:
+    """One line: the file, the errno's words, the free space, the shard's size, the fix."""
+    try:
+        free = f"{_mb(shutil.disk_usage(path.parent if path.parent.exists() else '.').free)} free"
+    except OSError:
+        free = "free space unknown"
+    size = _mb(sum(t.nbytes for t in tensors.values()))
+    return OutOfSpace(
+        f"{path}: cannot be written: {exc.strerror or os.strerror(exc.errno or 0)} "
+        f"[errno {errno.errorcode.get(exc.errno or 0, exc.errno)}] ({free}, the shard's "
+        f"output is {size}); {_FULL[exc.errno or 0]}, then rerun with --resume"
+    )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
 
 
 def _owning(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -300,13 +359,15 @@ def _owning(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return owned
 
 
-def _fsync_dir(folder: Path) -> None:
-    # the rename is only durable once the folder's entry is on disk too
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def sync_folders(folders: Iterable[Path]) -> None:
+    """fsync each folder once: a rename is only durable once its folder's entry is on
+    disk too (``prep run`` does it for a group of outputs, before their manifest lines)."""
+    for folder in dict.fromkeys(folders):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -4,7 +4,13 @@
               ─▶ map_rows(fn, batch, row options) ─▶ result dict (out / out0.. / its keys,
                  each with NAME_lengths after it under --pad; see :mod:`prep.run.rows`)
               ─▶ save_shard (temp, fsync, rename) ─▶ manifest entry (returned, not written;
-                 with the failed rows under --on-row-error fill/skip)
+                 with the failed rows under --on-row-error fill/skip, and the output's layout)
+
+The folder's fsync, which makes the rename durable, is the driver's, once for a group
+of shards, before it writes their manifest lines. A shard of 0 rows has no row to
+show its output: it is written as 0 rows in the layout (names, dtypes, row shapes)
+of a shard already done, which the driver gives its task; without one it is
+:class:`NoRows`, which the driver holds back until another shard is done.
 
 Everything a task needs travels in it (paths, the function's *name*, its
 arguments), so it pickles small; the function is imported where it runs.
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
+import mmap
 import os
 import threading
 import time
@@ -30,6 +38,7 @@ from .._version import __version__
 from ..api import explain
 from ..core.rows import rows_of
 from ..errors import Cancelled, RowError, ShardError
+from ..executors import traits_of
 from ..pool import SHARED, Pool
 from ..registry import in_caller
 from .config import RunConfig
@@ -40,8 +49,12 @@ from .temps import Temps
 
 __all__ = [
     "IN_WORKER",
+    "Layout",
+    "NoRows",
     "ShardTask",
     "explain_first_shard",
+    "halt_workers",
+    "layout_of",
     "run_shard",
     "run_shard_on_worker",
     "worker_form",
@@ -53,6 +66,14 @@ __all__ = [
 IN_WORKER = in_caller()
 
 
+#: an output's layout: each saved tensor's name -> (dtype, the shape of one row)
+Layout = Mapping[str, tuple[str, tuple[int, ...]]]
+
+
+class NoRows(ShardError):
+    """A shard of 0 rows, and no shard done yet whose output's layout it can take."""
+
+
 @dataclass(frozen=True)
 class ShardTask:
     """One shard to process: everything a thread or a Dask worker needs."""
@@ -60,6 +81,17 @@ class ShardTask:
     source: ShardFile
     out: Path  # the output folder
     config: RunConfig
+    layout: Layout | None = None  # a done shard's, for an output of 0 rows
+
+
+def layout_of(tensors: Mapping[str, Tensor]) -> dict[str, list[Any]]:
+    """The output's :data:`Layout`, as its manifest entry records it (JSON: lists)."""
+    return {k: [str(t.dtype).removeprefix("torch."), list(t.shape[1:])] for k, t in tensors.items()}
+
+
+def _empty(layout: Layout) -> dict[str, Tensor]:
+    return {k: torch.empty((0, *shape), dtype=getattr(torch, dtype)) for k, (dtype, shape) in
+            layout.items()}  # fmt: skip
 
 
 def shard_batch(
@@ -126,19 +158,22 @@ def run_shard(
     if config.columns is None:  # the row's tensors go by their names in this shard
         config.check_call(list(batch), src.path)
     fn = config.bound_fn()
-    if config.device is not None and torch.device(config.device).type != "cpu":
-        # compute where the result is wanted: the batched twin then runs on the GPU
-        batch = _to(batch, config.device)
-    with compute or contextlib.nullcontext():
+    if rows == 0:
+        tensors, failures, ran = _no_rows(task)
+    else:
+        if config.device is not None and torch.device(config.device).type != "cpu":
+            # compute where the result is wanted: the batched twin then runs on the GPU
+            batch = _to(batch, config.device)
+        with compute or contextlib.nullcontext():
+            _check(cancel, src)
+            result, ran = _map(fn, batch, rows, config, pool, src)
         _check(cancel, src)
-        result, ran = _map(fn, batch, rows, config, pool, src)
-    _check(cancel, src)
+        tensors, failures = _outputs(result, config)
     if _stat(src.path) != before:  # with mmap the data was read during the call
         raise ShardError(f"{src.path}: changed while it was read; rerun once it is complete")
-    tensors, failures = _outputs(result, config)
     kept = rows - len(failures["failed_rows"]) if config.on_row_error == "skip" else rows
     dest, rel = src.output(task.out, config.format)
-    sha, size = save_shard(tensors, dest, config.format or src.format, temps)
+    sha, size = save_shard(tensors, dest, config.format or src.format, temps, sync_folder=False)
     return {
         "schema": SCHEMA,
         "input": src.rel,
@@ -149,6 +184,7 @@ def run_shard(
         "output_sha256": sha,
         "rows": kept,
         "input_rows": rows,
+        "layout": layout_of(tensors),
         **config.recipe(),
         **ran,
         **failures,
@@ -165,14 +201,39 @@ def worker_form(executor: str) -> str:
     return executor if executor in IN_WORKER else "serial"  # the reference
 
 
+def _no_rows(task: ShardTask) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, str]]:
+    """A 0-row shard's output, in the layout its task carries; :class:`NoRows` if none."""
+    if task.layout is None:
+        raise NoRows(
+            f"{task.source.path}: has 0 rows, and no shard of this run was done to show the "
+            f"output's names, dtypes and row shapes; run it together with shards that have "
+            f"rows (it is then written with 0 rows in their layout), or leave it out"
+        )
+    empty: dict[str, Any] = {"failed_rows": [], "row_errors": []}
+    failed = empty if task.config.on_row_error != "raise" else {}
+    return _empty(task.layout), failed, {}
+
+
 #: the Pool of each (executor, setup) in this worker process: setup= runs once a worker
 _worker_pools: dict[tuple[str, str | None], Pool] = {}
+#: one byte shared with the shard workers forked from this process: set, they start no
+#: other shard (the disk is full); made at import, so every fork of it shares the page
+_HALT = mmap.mmap(-1, 1)
+
+
+def halt_workers(halt: bool = True) -> None:
+    """Tell the forked shard workers to start no other shard (``False``: clear it, for a
+    new run). Workers from prep's forkserver do not share it."""
+    _HALT[0] = int(halt)
 
 
 def run_shard_on_worker(task: ShardTask) -> dict[str, Any]:
     """:func:`run_shard` in a shard worker process (``prep run``'s shards in parallel): the
     rows run with the config's executor if it needs no process of its own (serial for
-    auto), on this worker's share of the cores, and ``--setup`` once per worker."""
+    auto), on this worker's share of the cores, and ``--setup`` once per worker; a shard
+    queued after :func:`halt_workers` is not started (:class:`~prep.errors.Cancelled`)."""
+    if _HALT[0]:
+        raise Cancelled(f"{task.source.path}: not started, the run stopped")
     config = task.config
     executor = worker_form(config.executor)
     key = (executor, config.setup)
@@ -180,6 +241,11 @@ def run_shard_on_worker(task: ShardTask) -> dict[str, Any]:
     if pool is None:
         pool = _worker_pools[key] = Pool(executor, 1, setup=config.setup_fn())
     return run_shard(task, pool)
+
+
+#: a batched form (vmap, a twin) runs a whole-shard worker's rows this many bytes of
+#: input at a time: its intermediates are a slice's, not a second and third shard
+SLICE_BYTES = 8 << 20
 
 
 def _map(
@@ -196,7 +262,21 @@ def _map(
     try:
         if pool is None:
             pool = SHARED.pool(config.executor, config.workers, config.setup_fn())
-        return pool.run(fn, rows_of(batch), options), ran_with(pool, config.executor)
+        step = _slice_rows(batch, rows)
+        if traits_of(pool.executor).per_row or not options.policy.plain or step >= rows:
+            return pool.run(fn, rows_of(batch), options), ran_with(pool, config.executor)
+        # the first slice shows the output; the others are written into it in place
+        first = pool.run(fn, rows_of(_rows(batch, 0, step)), options)
+        if not all(isinstance(t, Tensor) for t in _flat(first)):  # _outputs says why
+            return first, ran_with(pool, config.executor)
+        out = _leaves(first, lambda t: t.new_empty((rows, *t.shape[1:])))
+        for whole, part in zip(_flat(out), _flat(first)):
+            whole[:step].copy_(part)
+        for start in range(step, rows, step):
+            end = min(rows, start + step)
+            into = _leaves(out, functools.partial(_slice, start=start, end=end))
+            pool.run(fn, rows_of(_rows(batch, start, end)), options.with_(out=into))
+        return out, ran_with(pool, config.executor)
     except RowError as exc:
         if config.on_row_error == "raise":
             raise
@@ -206,6 +286,37 @@ def _map(
             f"{src.path}: all {rows} rows failed (--on-row-error {config.on_row_error}), "
             f"so there is no output to save; the first, {exc.__cause__ or exc}"
         ) from exc
+
+
+def _slice_rows(batch: Any, rows: int) -> int:
+    """Rows in :data:`SLICE_BYTES` of the shard's input (at least one)."""
+    total = sum(t.nbytes for t in (batch.values() if isinstance(batch, dict) else batch))
+    return max(1, rows * SLICE_BYTES // max(1, total))
+
+
+def _rows(batch: Any, start: int, end: int) -> Any:
+    if isinstance(batch, dict):
+        return {k: t[start:end] for k, t in batch.items()}
+    return tuple(t[start:end] for t in batch)
+
+
+def _slice(t: Tensor, start: int, end: int) -> Tensor:
+    return t[start:end]
+
+
+def _flat(result: Any) -> list[Any]:
+    if isinstance(result, Mapping):
+        return list(result.values())
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _leaves(result: Any, f: Callable[[Tensor], Tensor]) -> Any:
+    """``f`` on each tensor of a result (a tensor, a tuple or list, or a dict of them)."""
+    if isinstance(result, Mapping):
+        return {k: f(v) for k, v in result.items()}
+    if isinstance(result, (tuple, list)):
+        return type(result)(map(f, result))
+    return f(result)
 
 
 def ran_with(pool: Pool, asked: str) -> dict[str, str]:

@@ -1,0 +1,291 @@
+"""``prep run`` at data-set scale (issue 38): group commit and a crash inside a group, a
+full disk, 0-row shards, and the memory a run holds; each against a reference the
+test builds itself, none timed."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+import torch
+
+import prep.run
+from prep.run import RunConfig, run_shards
+from prep.run import shards as S
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def prep_cli(*args: object, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREP_WISDOM": "off"}
+    return subprocess.run(
+        [sys.executable, "-m", "prep", *map(str, args)],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=120,
+    )  # fmt: skip
+
+
+def filled(folder: pathlib.Path, shards: int, rows: int, width: int) -> None:
+    """Shard k: float32 [rows, width], every value k (its outputs tell shards apart)."""
+    for k in range(shards):
+        S.save_shard({"x": torch.full((rows, width), float(k))}, folder / f"s{k:02d}.pt", "pt")
+
+
+def files(folder: pathlib.Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.pt"))}
+
+
+def temps(folder: pathlib.Path) -> list[pathlib.Path]:
+    return list(folder.rglob(".*.tmp-*"))
+
+
+# ------------------------------------------------------------------ a crash inside a group
+
+# The parent kills itself (SIGKILL: no cleanup) at its second group commit: the first
+# group's lines are durable, the second group's outputs are renamed into place and
+# their lines not written. Groups are of 3 entries, by count alone.
+CRASH = """
+import json, os, signal, sys
+import psutil
+import prep.run
+from prep.run import driver, manifest
+
+driver.GROUP, driver.GROUP_SECONDS = 3, 1e9
+commits = []
+real = manifest.Manifest.commit
+
+def commit(self):
+    if self.pending:
+        commits.append(len(self.pending))
+    if len(commits) == 2:
+        kids = [p.pid for p in psutil.Process().children(recursive=True)]
+        with open(sys.argv[3], "w") as f:
+            json.dump({"pids": kids, "pending": [e["output"] for e in self.pending]}, f)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(self)
+
+manifest.Manifest.commit = commit
+config = prep.run.RunConfig("tests.rowfns:affine", columns=("x",), executor="serial")
+prep.run.run_shards([sys.argv[1]], sys.argv[2], config, parallel="shards", jobs=2)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_crash_between_renames_and_the_group_commit_loses_only_what_resume_redoes(tmp_path):
+    data, clean, crashed = tmp_path / "data", tmp_path / "clean", tmp_path / "crashed"
+    filled(data, shards=12, rows=4, width=3)
+    config = RunConfig("tests.rowfns:affine", columns=("x",), executor="serial")
+    assert run_shards([data], clean, config, parallel="shards").exit_code == 0
+
+    said = tmp_path / "crash.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.run(
+        [sys.executable, "-c", CRASH, str(data), str(crashed), str(said)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == -9, child.stderr
+    crash = json.loads(said.read_text())
+    # the workers see their parent gone and exit: no process outlives the crash
+    _, alive = psutil.wait_procs([_proc(p) for p in crash["pids"] if _proc(p)], timeout=30)
+    assert not alive
+
+    # the point of the crash: outputs in place whose lines were never written
+    recorded = prep.run.Manifest(crashed).entries()
+    assert len(recorded) == 3
+    assert crash["pending"] and all((crashed / rel).is_file() for rel in crash["pending"])
+    assert not set(crash["pending"]) & {e["output"] for e in recorded.values()}
+    # nothing recorded that is not on disk as recorded
+    for entry in recorded.values():
+        assert S.sha256_file(crashed / entry["output"]) == entry["output_sha256"]
+
+    resumed = run_shards([data], crashed, config, parallel="shards", resume=True)
+    assert (resumed.exit_code, resumed.skipped, resumed.done) == (0, 3, 9)
+    assert files(crashed) == files(clean) and len(files(clean)) == 12
+    assert not temps(crashed)
+
+
+def _proc(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def test_a_group_is_committed_outputs_first_and_counted_only_then(tmp_path):
+    """Entries held are not in the file; commit fsyncs their folders, then writes them."""
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    m = prep.run.Manifest(out)
+    for rel in ("a.pt", "sub/b.pt"):
+        m.add({"schema": 1, "input": rel, "output": rel})
+    assert not m.path.exists() and m._folders(m.pending) == [out / "sub", out]
+    assert [e["input"] for e in m.commit()] == ["a.pt", "sub/b.pt"]
+    assert [json.loads(line)["input"] for line in m.path.read_text().splitlines()] == [
+        "a.pt", "sub/b.pt"]  # fmt: skip
+    assert m.commit() == [] and not m.pending
+    m.close()
+
+
+# ------------------------------------------------------------------ a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 5 MiB tmpfs at tmp_path/disk, grown by calling what it yields; skipped where
+    tmpfs cannot be mounted (not root, no CAP_SYS_ADMIN, a container without it)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here to fill it: {mounted.stderr.strip()}")
+
+    def grow() -> None:
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+
+    try:
+        yield disk, grow
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("on_error", ["stop", "skip"])
+def test_a_full_disk_is_one_line_no_new_shard_and_resume_finishes(tmp_path, small_disk, on_error):
+    disk, grow = small_disk
+    data, out = tmp_path / "data", disk / "out"
+    filled(data, shards=12, rows=256, width=1024)  # 1 MiB each: 4 fit
+    r = prep_cli("run", data, "--out", out, "--fn", "tests.rowfns:affine", "--columns", "x",
+                 "--on-error", on_error, "--jobs", "2", cwd=ROOT)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    lines = [x for x in r.stderr.splitlines() if "cannot be written" in x]
+    assert len(lines) == 1, r.stderr
+    assert "No space left on device [errno ENOSPC]" in lines[0] and "MB free" in lines[0]
+    assert "the shard's output is 1.0 MB" in lines[0]
+    assert lines[0].endswith("free space on it, then rerun with --resume")
+    assert "FAILED" not in r.stderr and "Traceback" not in r.stderr and "enforce" not in r.stderr
+    done = prep.run.Manifest(out).entries()
+    # no shard started after the disk was full: those done, and at most --jobs in flight
+    assert 1 <= len(done) <= 5 and f"{12 - len(done)} not finished" in r.stderr
+    assert not temps(out)
+
+    grow()
+    r = prep_cli("run", data, "--out", out, "--fn", "tests.rowfns:affine", "--columns", "x",
+                 "--resume", "--quiet", cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for k in range(12):
+        got = S.load_shard(out / f"s{k:02d}.pt")["out"]
+        assert torch.equal(got, torch.full((256, 1024), float(k)) * 2 + 1)
+    assert not temps(out)
+
+
+def test_an_oserror_under_torchs_writer_is_said_by_its_errno(tmp_path, monkeypatch):
+    """torch.save wraps a failed write in its own enforce message; the errno is what counts."""
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+
+    real = S._Hashing.__init__
+    monkeypatch.setattr(S._Hashing, "__init__", lambda self, f: real(self, Full(f)))
+    with pytest.raises(S.OutOfSpace) as info:
+        S.save_shard({"x": torch.zeros(4, 4)}, tmp_path / "a.pt", "pt")
+    text = str(info.value)
+    assert text.startswith(f"{tmp_path / 'a.pt'}: cannot be written") and "errno EDQUOT" in text
+    assert "enforce" not in text and text.endswith("then rerun with --resume")
+    assert not temps(tmp_path)
+
+
+# ------------------------------------------------------------------ 0-row shards
+
+
+def test_a_zero_row_shard_takes_the_layout_of_a_shard_done(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    filled(data, shards=2, rows=5, width=3)
+    S.save_shard({"x": torch.zeros(0, 3)}, data / "s00a.pt", "pt")  # between them by name
+    config = RunConfig("tests.rowfns:affine", columns=("x",))
+    s = run_shards([data], out, config)
+    assert (s.exit_code, s.done, s.failed) == (0, 3, [])
+    got = S.load_shard(out / "s00a.pt")
+    assert list(got) == ["out"] and got["out"].shape == (0, 3)
+    assert got["out"].dtype == torch.float32
+    entry = prep.run.Manifest(out).entries()["s00a.pt"]
+    assert entry["rows"] == 0 and entry["layout"] == {"out": ["float32", [3]]}
+
+    # on --resume the layout comes from the manifest of the shards done before
+    (out / "s00a.pt").unlink()
+    again = run_shards([data], out, config, resume=True)
+    assert (again.exit_code, again.done, again.skipped) == (0, 1, 2)
+    assert S.load_shard(out / "s00a.pt")["out"].shape == (0, 3)
+
+
+def test_a_zero_row_shard_with_no_layout_is_one_line_in_the_command_lines_words(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    S.save_shard({"x": torch.zeros(0, 3)}, data / "empty.pt", "pt")
+    r = prep_cli("run", data, "--out", out, "--fn", "tests.rowfns:affine", "--columns", "x",
+                 cwd=ROOT)  # fmt: skip
+    assert r.returncode == 1
+    failed = [x for x in r.stderr.splitlines() if "FAILED" in x]
+    assert len(failed) == 1 and "empty.pt: has 0 rows" in failed[0]
+    assert "run it together with shards that have rows" in failed[0]
+    for library_word in ("out=", "rowwise", "Traceback"):
+        assert library_word not in r.stderr
+
+
+# ------------------------------------------------------------------ memory
+
+
+def peak_pss(cmd: list[str]) -> int:
+    """The largest PSS of ``cmd``'s whole process tree, sampled until it exits."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREP_WISDOM": "off"}
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    root, peak, ended = psutil.Process(proc.pid), 0, threading.Event()
+    threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
+    while not ended.wait(0.01):  # a sample every 10 ms until the command ends
+        peak = max(peak, _tree_pss(root))
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    return peak
+
+
+def _tree_pss(root: psutil.Process) -> int:
+    total = 0
+    with contextlib.suppress(psutil.Error):  # the command ended meanwhile
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):  # a process that ended meanwhile
+                total += p.memory_full_info().pss
+    return total
+
+
+@pytest.mark.timeout(300)
+def test_a_run_holds_at_most_workers_times_input_and_output_plus_one_shard(tmp_path):
+    """3 shards of 128 MiB on 2 workers, with the form auto measures (vmap of x * 2 + 1,
+    whose batched call makes an intermediate as large as its input): the tree holds
+    at most 2 x (input + output) + 1 shard beyond what the same run holds on tiny shards."""
+    big, tiny = tmp_path / "big", tmp_path / "tiny"
+    rows, width = 8192, 4096
+    filled(big, shards=3, rows=rows, width=width)
+    filled(tiny, shards=3, rows=2, width=width)
+    shard = rows * width * 4
+
+    def run(data: pathlib.Path, out: str) -> int:
+        return peak_pss([sys.executable, "-m", "prep", "run", str(data), "--out",
+                         str(tmp_path / out), "--fn", "tests.rowfns:affine", "--columns", "x",
+                         "--workers", "2", "--quiet"])  # fmt: skip
+
+    fixed = run(tiny, "tiny-out")
+    held = run(big, "big-out") - fixed
+    assert held <= (2 * 2 + 1) * shard, f"{held / shard:.2f} shards held"
+    for k in range(3):
+        got = S.load_shard(tmp_path / "big-out" / f"s{k:02d}.pt")["out"]
+        assert torch.equal(got[:: rows // 4], torch.full((4, width), 2.0 * k + 1))
