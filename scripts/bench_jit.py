@@ -280,10 +280,12 @@ def machine() -> str:
     except OSError:
         pass
     cxx = shutil.which("g++") or shutil.which("clang++") or shutil.which("c++")
+    # on a busy machine an OpenMP region waits for a descheduled thread (milliseconds)
+    load = f"; load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
     return (
         f"{model}; {os.cpu_count()} cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} intra-op threads), Python {platform.python_version()}, "
-        f"{platform.system()}; C++ compiler: {cxx or 'none found'}"
+        f"{platform.system()}; C++ compiler: {cxx or 'none found'}{load}"
     )
 
 
