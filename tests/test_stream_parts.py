@@ -1,5 +1,6 @@
 """A stream of ``processes`` or ``threads`` splits each batch into parts on the
-stream's workers, several batches in flight (``prep.executors.Parts``): what that adds to the mechanics
+stream's workers, several batches in flight (``prep.executors.Parts``): what that
+adds to the mechanics
 ``test_stream_whole`` checks for every way with batches in flight (order, values
 against serial, bounds, errors, crashes, timeouts, stopping, Ctrl-C).
 
@@ -18,9 +19,9 @@ import prep
 from prep.core.output import Output
 from prep.core.policy import RAISE
 from prep.core.rows import rows_of
+from prep.executors import Parts
 from prep.executors._batches import ProcessBatches
 from prep.executors._messages import Chunk, Done
-from prep.executors import Parts
 from prep.stream.strategy import StrategyPlan
 from tests import registry, rowfns
 
