@@ -157,19 +157,21 @@ class TensorRows(Rows):
 
     def head(self, stop: int) -> TensorRows:
         """The first ``stop`` rows."""
-        return dataclasses.replace(self, columns=tuple(c[:stop] for c in self.columns))
+        columns = tuple(c[:stop] for c in self.columns)
+        return TensorRows(columns, self.names, self.offset, self.check, self.seeds)
 
     def window(self, start: int, stop: int) -> TensorRows:
         a, b = start - self.offset, stop - self.offset
-        return dataclasses.replace(self, columns=tuple(c[a:b] for c in self.columns), offset=start)
+        columns = tuple(c[a:b] for c in self.columns)
+        return TensorRows(columns, self.names, start, self.check, self.seeds)
 
     def replace(self, columns: Sequence[Tensor]) -> TensorRows:
-        return dataclasses.replace(self, columns=tuple(columns), offset=0)
+        return TensorRows(tuple(columns), self.names, 0, self.check, self.seeds)
 
     def take(self, start: int, stop: int) -> TensorRows:
         """Rows ``start:stop`` as tensors that own their memory (cheap to pickle)."""
         columns = tuple(c[start:stop].clone() for c in self.columns)
-        return dataclasses.replace(self, columns=columns, offset=start)
+        return TensorRows(columns, self.names, start, self.check, self.seeds)
 
     @property
     def nbytes(self) -> int:
@@ -221,17 +223,17 @@ class SampleRows(Rows):
 
     def head(self, stop: int) -> SampleRows:
         """The first ``stop`` rows."""
-        return dataclasses.replace(self, samples=self.samples[:stop])
+        return SampleRows(self.samples[:stop], self.offset, self.check, self.seeds)
 
     def layout(self) -> Any:
         return ("samples", type(self.samples[0]).__qualname__ if self.samples else None)
 
     def window(self, start: int, stop: int) -> SampleRows:
         window = self.samples[start - self.offset : stop - self.offset]
-        return dataclasses.replace(self, samples=window, offset=start)
+        return SampleRows(window, start, self.check, self.seeds)
 
     def take(self, start: int, stop: int) -> SampleRows:
-        return dataclasses.replace(self, samples=self.samples[start:stop], offset=start)
+        return SampleRows(self.samples[start:stop], start, self.check, self.seeds)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # samples cross to workers as bytes from a pickler that copies each tensor's
@@ -258,7 +260,8 @@ def raw_tensor(t: Tensor) -> tuple[Any, ...] | None:
     tensor at all). None for another device, layout or a quantized tensor."""
     if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
         return None
-    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    if t.requires_grad or t.is_conj() or t.is_neg() or not t.is_contiguous():
+        t = t.detach().resolve_conj().resolve_neg().contiguous()
     return _raw, (ctypes.string_at(t.data_ptr(), t.nbytes), t.dtype, tuple(t.shape))
 
 

@@ -10,7 +10,6 @@ travel as they are (their own descriptor), small ones inside the message.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections import deque
 
@@ -47,7 +46,7 @@ class Ring:
                 lent.append(buf)
                 c = buf.view(c.dtype).view(c.shape).copy_(c)
             columns.append(c)
-        travels = dataclasses.replace(rows, columns=tuple(columns))
+        travels = TensorRows(tuple(columns), rows.names, rows.offset, rows.check, rows.seeds)
         return travels, Loan(self, lent, holders)
 
     @staticmethod
