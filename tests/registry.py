@@ -30,6 +30,7 @@ PROCESSES = "worker processes of its own (pids other than the caller's)"
 WHOLE = "a stream's strategy='whole' (workers to give whole batches to)"
 PARTS = "a stream's strategy='split' with several batches in flight (parts on its workers)"
 TORCH_DRAWS = "a row function that draws from torch's default generator (torch.rand)"
+GLOBAL_DRAWS = "a row function that draws from Python's random or numpy's global generator"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ REFUSALS: tuple[Refusal, ...] = (
             "vmap traces the function: it has no values to read"),
     Refusal("vmap", TORCH_DRAWS, prep.VmapUnsupported, "random operation",
             "torch.func.vmap refuses a random op in its default randomness mode"),
+    Refusal("vmap", GLOBAL_DRAWS, prep.VmapUnsupported, "every row would get the same numbers",
+            "vmap calls the function once for every row: one draw for all of them"),
     Refusal("vmap", SAMPLES, prep.ConfigError, "not on a list of samples",
             "vmap maps over a batch of tensors"),
     Refusal("vmap", PAD, prep.ConfigError, "cannot return ragged rows",
@@ -110,7 +113,7 @@ CANNOT: dict[str, dict[str, str]] = {
 
 #: every need a suite may name (STATE: no executor refuses setup= itself)
 _NEEDS = {NO_TWIN, READS_VALUES, SAMPLES, PAD, PER_ROW_ERRORS, STATE, CRASH, HANG, PROCESSES,
-          WHOLE, PARTS, TORCH_DRAWS}  # fmt: skip
+          WHOLE, PARTS, TORCH_DRAWS, GLOBAL_DRAWS}  # fmt: skip
 
 
 def refusals(executor: str, *needs: str) -> list[Refusal]:

@@ -5,6 +5,7 @@ stale excuse fails here, and so does a new executor that refuses without a line 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,16 @@ def draws(row: torch.Tensor) -> torch.Tensor:
     return row * 2 + 1 + 0 * torch.rand(row.shape)
 
 
+def _python_draws_batch(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1 + 0 * random.random()
+
+
+@prep.rowwise(batched=_python_draws_batch)
+def python_draws(row: torch.Tensor) -> torch.Tensor:
+    """A draw from Python's random that changes no value."""
+    return row * 2 + 1 + 0 * random.random()
+
+
 X = torch.arange(12.0).view(4, 3)
 
 #: need -> a call that needs it and nothing else the registry lists, and its loop
@@ -73,6 +84,10 @@ CASES: dict[str, tuple[Callable[[str], Any], Callable[[], Any]]] = {
     registry.TORCH_DRAWS: (
         lambda ex: prep.map_rows(draws, X, executor=ex, workers=2),
         lambda: refs.loop(draws, list(X)),
+    ),
+    registry.GLOBAL_DRAWS: (
+        lambda ex: prep.map_rows(python_draws, X, executor=ex, workers=2),
+        lambda: refs.loop(python_draws, list(X)),
     ),
     registry.PER_ROW_ERRORS: (
         lambda ex: prep.map_rows(twin, X, executor=ex, workers=2, on_error="fill"),

@@ -56,17 +56,9 @@ def distinct(rows: torch.Tensor) -> int:
 #: (row function, what it needs of an executor) for each generator a row may draw from
 DRAWS = {
     "torch": (torch_draw, (registry.NO_TWIN, registry.TORCH_DRAWS)),
-    "random": (random_draw, (registry.NO_TWIN,)),
-    "numpy": (numpy_draw, (registry.NO_TWIN,)),
+    "random": (random_draw, (registry.NO_TWIN, registry.GLOBAL_DRAWS)),
+    "numpy": (numpy_draw, (registry.NO_TWIN, registry.GLOBAL_DRAWS)),
 }
-
-#: vmap calls the function once for the whole batch: a draw from Python's random or
-#: numpy is made once, and every row gets the same numbers (torch's draws it refuses)
-VMAP_ONCE = pytest.mark.xfail(
-    strict=True,
-    reason="vmap makes one call for every row: a Python random or numpy draw is the same "
-    "in every row (a known defect, left to the issue on seeded randomness)",
-)
 
 
 def cases() -> list:
@@ -74,10 +66,7 @@ def cases() -> list:
     for gen, (_, needs) in DRAWS.items():
         for ex in registry.executors(*needs):
             for workers in (2, 3):
-                marks = [VMAP_ONCE] if ex == "vmap" else []
-                params.append(
-                    pytest.param(gen, ex, workers, marks=marks, id=f"{gen}-{ex}-{workers}")
-                )
+                params.append(pytest.param(gen, ex, workers, id=f"{gen}-{ex}-{workers}"))
     return params
 
 
@@ -101,6 +90,19 @@ def test_imap_never_repeats_a_draw(gen, executor, workers):
             batches = [torch.zeros(ROWS // 4, 2) for _ in range(4)]
             out = torch.cat(list(pool.imap(fn, batches, strategy=how)))
         assert distinct(out) == ROWS, how
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fn", [random_draw, numpy_draw])
+def test_a_python_or_numpy_draw_is_refused_by_vmap_every_time(fn):
+    """vmap calls the function once for every row: one draw would be every row's."""
+    for ex in registry.without(registry.GLOBAL_DRAWS):
+        (refusal,) = registry.refusals(ex, registry.GLOBAL_DRAWS)
+        for _ in range(2):  # refused again: the check is not spent on the first call
+            with pytest.raises(refusal.error, match=refusal.words):
+                prep.map_rows(fn, torch.zeros(4, 2), executor=ex)
+    out = prep.map_rows(fn, torch.zeros(ROWS, 2), executor="auto")  # auto leaves vmap out
+    assert distinct(out) == ROWS
 
 
 @pytest.mark.timeout(60)

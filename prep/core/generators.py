@@ -28,6 +28,18 @@ class States:
         state = numpy.random.get_state() if numpy is not None else None
         return cls(torch.random.get_rng_state(), random.getstate(), state)
 
+    def moved_besides_torch(self) -> str | None:
+        """Which of Python's ``random`` and numpy's global generator moved since these
+        states were taken (None: neither)."""
+        now = States.now()
+        if now.random != self.random:
+            return "Python's random"
+        if self.numpy is not None and now.numpy is not None:
+            a, b = self.numpy, now.numpy
+            if not (a[2:] == b[2:] and (a[1] == b[1]).all()):
+                return "numpy's global generator"
+        return None
+
     def restore(self) -> None:
         torch.random.set_rng_state(self.torch)
         random.setstate(self.random)

@@ -226,7 +226,9 @@ _lock = threading.Lock()
 KEEP = 128
 
 
-def _first_time(executor: Any, fn: Callable[..., Any]) -> bool:
+def first_time(executor: Any, fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` (by identity) is new to ``executor`` (any object that lives as long
+    as what it checks): a check made once per function and executor."""
     # by _identity.key: a fresh partial or lambda of the same code and values each
     # batch is the function already checked
     with _lock:
@@ -240,6 +242,14 @@ def _first_time(executor: Any, fn: Callable[..., Any]) -> bool:
         while len(seen) > KEEP:
             del seen[next(iter(seen))]
         return first
+
+
+def forget(executor: Any, fn: Callable[..., Any]) -> None:
+    """``fn`` is new to ``executor`` again (its check found something: check it again)."""
+    with _lock:
+        seen = _checked.get(executor, {})
+        seen.pop(id(fn), None)
+        seen.pop(key(fn), None)
 
 
 def check_named(
@@ -261,7 +271,7 @@ def check_named(
         return None
     if isinstance(fn, WithState):
         return None
-    if not _first_time(executor, fn):
+    if not first_time(executor, fn):
         return None
     probe = Probe.take(fn, rows, skip=failed)
     if probe is None or not probe.deterministic():
@@ -306,6 +316,8 @@ __all__ = [
     "Probe",
     "causes",
     "check_named",
+    "first_time",
+    "forget",
     "mismatch_reason",
     "writes_input",
     "row_of",

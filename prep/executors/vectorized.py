@@ -19,10 +19,12 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..core.generators import States
 from ..core.output import Output, flatten
 from ..core.policy import Policy
 from ..core.rows import TensorRows
 from ..core.rowwise import BoundTwin, twin_of
+from ..core.trust import first_time, forget
 from ..errors import ConfigError, PrepError, VmapUnsupported
 from ._base import Executor, Traits
 from ._job import Job
@@ -166,9 +168,29 @@ def vmap_of(fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
         # vmap maps positional inputs only: pass named columns positionally, rename inside
         names, k = list(named), len(columns)
         row = lambda *c: fn(*c[:k], **dict(zip(names, c[k:])))
-        return torch.func.vmap(row)(*columns, *named.values())
+        if not first_time(_DRAWS, fn):
+            return torch.func.vmap(row)(*columns, *named.values())
+        before = States.now()
+        out = torch.func.vmap(row)(*columns, *named.values())
+        if (drew := before.moved_besides_torch()) is not None:
+            forget(_DRAWS, fn)  # every call of it is refused alike
+            raise VmapUnsupported(
+                f"executor='vmap' cannot run {_name(fn)}: it draws from {drew}, and vmap calls "
+                f"it once for every row, so every row would get the same numbers. Use a "
+                f"per-row executor ('serial', 'processes', or 'auto', which leaves vmap out), "
+                f"or draw with torch (vmap refuses that too: per-row executors run it)"
+            )
+        return out
 
     return call, f"torch.func.vmap({_name(fn)})"
+
+
+class _Draws:
+    """What :func:`vmap_of` checks once per function: whether one call of it moved
+    Python's or numpy's global generator (a draw vmap would make once for all rows)."""
+
+
+_DRAWS = _Draws()
 
 
 def _vmap_error(job: Job, exc: Exception) -> Exception:
