@@ -33,6 +33,7 @@ from .core.checks import call_problem, describe_callable
 from .core.options import CallOptions, Options
 from .core.output import Result, flatten
 from .core.rows import Rows, rows_of, samples_of
+from .core.seeding import mix
 from .errors import ConfigError
 from .executors import available_cores, in_worker_process, resolve_workers
 from .pool import Pool
@@ -53,6 +54,12 @@ class Collate:
     collated first and ``fn`` runs on the rows of that batch (``map_rows``). The
     options are ``map_rows``'s (``pad=``, ``on_error=``, ``timeout=``, ``device=``,
     ...), but ``out=``; ``device=`` and ``pin_memory=`` apply in the main process.
+
+    With ``seed=``, batch ``i`` of an epoch draws under ``(seed, epoch, i)``, whichever
+    worker builds it: ``i`` is the batch's place in the DataLoader's order (it hands
+    batch ``i`` to worker ``i % num_workers``, so a worker's ``k``-th batch is
+    ``k * num_workers + id``), the same at any ``num_workers``. Call
+    :meth:`set_epoch` before each epoch, as a ``DistributedSampler`` is told.
 
     >>> import torch, prep
     >>> pad = lambda s: torch.nn.functional.pad(s, (0, 4 - len(s)))
@@ -93,6 +100,7 @@ class Collate:
         self._pool: Pool | None = None
         self._pid: int | None = None
         self._warned_device = False
+        self._epoch = self._count = 0  # seed=: the epoch, and batches taken in it here
         self._checked: set[tuple[Any, str]] = set()  # batch layouts fn was checked against
 
     def _get_pool(self) -> Pool:
@@ -108,6 +116,7 @@ class Collate:
             self._pool = Pool(self.executor, workers=workers, setup=self.setup)
             self._here = self.options.with_(device=None) if in_worker else self.options
             self._pid = os.getpid()
+            self._count = 0  # a worker counts the batches it takes from its start
             weakref.finalize(self, self._pool.close)
         return self._pool
 
@@ -119,7 +128,7 @@ class Collate:
             rows: Rows = rows_of(batch)
         else:
             rows = samples_of(samples)
-        result = pool.run(self.fn, rows, self._here)
+        result = pool.run(self.fn, rows, self._seeded(self._here))
         in_worker = in_worker_process()
         if (
             in_worker
@@ -137,6 +146,22 @@ class Collate:
             returns = self.options.returns
             result = _pinned(result, extras=returns.lengths or returns.valid or returns.errors)
         return result
+
+    def set_epoch(self, epoch: int) -> None:
+        """Key the next batches' draws (``seed=``) under ``epoch``, counted from 0 again.
+        DataLoader workers started for the epoch (the default) take it with them; those
+        of ``persistent_workers=True`` keep the epoch they started with."""
+        self._epoch, self._count = epoch, 0
+
+    def _seeded(self, options: Options) -> Options:
+        """This batch's options: under ``seed=``, keyed by the epoch and the batch's place
+        in the DataLoader's order."""
+        if options.seed is None:
+            return options
+        k, self._count = self._count, self._count + 1
+        info = torch.utils.data.get_worker_info()
+        number = k if info is None else k * info.num_workers + info.id
+        return options.with_(seed=mix(mix(options.seed, self._epoch), number))
 
     @property
     def device(self) -> torch.device | None:

@@ -269,8 +269,9 @@ def _tree_pss(root: psutil.Process) -> int:
 
 @pytest.mark.timeout(300)
 def test_a_run_holds_at_most_workers_times_input_and_output_plus_one_shard(tmp_path):
-    """3 shards of 128 MiB on 2 workers, with the form auto measures (vmap of x * 2 + 1,
-    whose batched call makes an intermediate as large as its input): the tree holds
+    """3 shards of 128 MiB on 2 whole-shard workers running vmap of x * 2 + 1 (the form
+    auto's plan picks on a quiet machine, pinned here: on a busy one the plan may pick
+    another), whose batched call makes an intermediate as large as its input: the tree holds
     at most 2 x (input + output) + 1 shard beyond what the same run holds on tiny shards."""
     big, tiny = tmp_path / "big", tmp_path / "tiny"
     rows, width = 8192, 4096
@@ -281,7 +282,8 @@ def test_a_run_holds_at_most_workers_times_input_and_output_plus_one_shard(tmp_p
     def run(data: pathlib.Path, out: str) -> int:
         return peak_pss([sys.executable, "-m", "prep", "run", str(data), "--out",
                          str(tmp_path / out), "--fn", "tests.rowfns:affine", "--columns", "x",
-                         "--workers", "2", "--quiet"])  # fmt: skip
+                         "--workers", "2", "--parallel", "shards", "--executor", "vmap",
+                         "--quiet"])  # fmt: skip
 
     fixed = run(tiny, "tiny-out")
     held = run(big, "big-out") - fixed

@@ -104,6 +104,14 @@ def _configure_run_rows(g: argparse._ArgumentGroup) -> None:
         "(type: message, the first 100), a warning is printed, and the exit code stays 0",
     )
     g.add_argument(
+        "--seed",
+        type=int,
+        metavar="N",
+        help="seed each row's random draws from N, the shard's path inside the input folder "
+        "and the row: the same rows from every executor, worker count, machine and --resume "
+        "(a function with an rng parameter draws from that generator; docs/api.md)",
+    )
+    g.add_argument(
         "--fill",
         type=number,
         metavar="VALUE",
@@ -207,6 +215,7 @@ def run(ns: argparse.Namespace) -> int:
         on_row_error=ns.on_row_error,
         fill=ns.fill,
         setup=ns.setup,
+        seed=ns.seed,
     )
     if ns.fill is not None and ns.on_row_error != "fill":
         raise UsageError(f"--fill {ns.fill} is for --on-row-error fill; pass that too")

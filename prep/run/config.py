@@ -20,6 +20,7 @@ function can be called as ``prep run`` calls it (:meth:`RunConfig.check_call`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -29,9 +30,11 @@ from typing import Any
 
 from torch import Tensor
 
+from .._batch import check_seeded
 from ..core.checks import call_problem, check_device, signature, takes_keyword
 from ..core.options import Options
 from ..core.policy import ON_ERROR
+from ..core.seeding import mix, takes_rng
 from ..errors import ConfigError, ShardError
 from ..registry import executor_class
 from .calls import call_mismatch, load_fn
@@ -62,6 +65,7 @@ class RunConfig:
     on_row_error: str = "raise"  # "raise" (the shard fails), "fill" or "skip"
     fill: bool | int | float | None = None  # a failed row's value (None: the pad, else 0)
     setup: str | None = None  # "module:function" of per-worker state (state= for fn)
+    seed: int | None = None  # each row's draws seeded by (seed, the shard's path, the row)
 
     # ------------------------------------------------------------ what it computes
 
@@ -80,6 +84,8 @@ class RunConfig:
             found["on_row_error"] = self.on_row_error
         if self.fill is not None:
             found["fill"] = _json_number(self.fill)
+        if self.seed is not None:
+            found["seed"] = self.seed
         return found
 
     def bound_fn(self) -> Callable[..., Any]:
@@ -107,6 +113,16 @@ class RunConfig:
                 on_error=self.on_row_error, fill=self.fill, return_valid=True, return_errors=True
             )
         return Options(device=self.device, **given)
+
+    def shard_options(self, rel: str) -> Options:
+        """:meth:`row_options` for the shard at ``rel`` (its path inside the input folder):
+        under ``--seed``, its rows keyed under the seed and that path, the same on every
+        machine, at any worker count and after ``--resume``."""
+        options = self.row_options()
+        if self.seed is None:
+            return options
+        path = int.from_bytes(hashlib.blake2b(rel.encode(), digest_size=8).digest(), "big")
+        return options.with_(seed=mix(self.seed, path))
 
     def unpack(self, result: Any) -> tuple[Any, Any, Tensor | None, dict[int, BaseException]]:
         """``map_rows``'s answer to :meth:`row_options` as (output, lengths or None, valid
@@ -136,8 +152,11 @@ class RunConfig:
         if self.format is not None and self.format not in FORMATS.values():
             choices = ", ".join(map(repr, FORMATS.values()))
             raise ConfigError(f"format={self.format!r} is not one of {choices} (or None)")
-        executor_class(self.executor)  # raises ConfigError naming the choices
+        kind = executor_class(self.executor)  # raises ConfigError naming the choices
         self.check_rows()
+        if self.seed is not None:
+            Options(seed=self.seed)  # a TypeError naming it
+            check_seeded(kind, takes_rng(self.bound_fn()))
         check_device(self.device)  # a CUDA device where torch has none fails here, not per shard
         self.check_call()  # the function cannot be imported, or not called with these --arg
         try:

@@ -258,7 +258,7 @@ def _map(
 ) -> tuple[Any, dict[str, str]]:
     """``map_rows`` on the shard, through ``pool`` if there is one, with the row options;
     and the entry's fields that say what ran the rows (:func:`ran_with`)."""
-    options = config.row_options()
+    options = config.shard_options(src.rel)
     try:
         if pool is None:
             pool = SHARED.pool(config.executor, config.workers, config.setup_fn())
