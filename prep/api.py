@@ -21,6 +21,7 @@ from .auto import Calibrator, Sample, left_out
 from .core.checks import check_fn
 from .core.options import CallOptions, Options
 from .core.rows import Rows, rows_of, samples_of
+from .core.seeding import Seeding, takes_rng
 from .executors import Job, in_worker_process, resolve_workers
 from .pool import SHARED
 from .registry import AUTO
@@ -133,6 +134,9 @@ def explain(
     if len(rows) == 0:
         raise ValueError("the batch has 0 rows: there is nothing to measure")
     n_workers = resolve_workers(workers)
-    job = Job.new(fn, rows, policy=Options.of("explain", options).policy)
+    given = Options.of("explain", options)
+    if given.seed is not None:  # what auto may weigh for a seeded function, as map_rows runs it
+        rows = rows.seeding(Seeding(given.seed, takes_rng(fn)))
+    job = Job.new(fn, rows, policy=given.policy)
     sample = Sample(job, SHARED.executors(n_workers), n_workers, left_out(not in_worker_process()))
     return Explanation([Calibrator(sample).run()])

@@ -537,12 +537,6 @@ def test_auto_may_use_threads_for_a_function_that_takes_rng():
     assert "seed=" in dropped.get("vectorized, vmap", ""), dropped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prep.explain(fn, batch, seed=...) ignores seed=: it builds its Job without "
-    "rows.seeding(...), so it weighs threads and vmap for a seeded global-drawing "
-    "function (map_rows/Pool.explain leave them out)",
-)
 @pytest.mark.timeout(60)
 def test_explain_with_seed_says_what_auto_leaves_out():
     dropped = prep.explain(slow_random, batch(64), workers=2, seed=SEED).dropped
@@ -550,14 +544,6 @@ def test_explain_with_seed_says_what_auto_leaves_out():
     assert "seed=" in dropped.get("threads", ""), dropped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="auto's probe of the rows a job has left (prep/auto/_starter.py probe_for: "
-    "Probe.take(fn, rows.window(start, n))) copies them with rows.take(0, k), which "
-    "resets their offset to 0, so serial's reference rows here are drawn under keys "
-    "0, 1 instead of start, start + 1: auto then drops processes for a seeded function "
-    "as 'computed row N differently from serial'",
-)
 @pytest.mark.parametrize("kind", ["tensors", "samples"])
 def test_autos_probe_of_later_rows_draws_under_their_own_keys(kind):
     """What auto compares a pool's rows with: serial's rows ``start, start + 1`` of the

@@ -68,19 +68,25 @@ class Seeding:
     function takes an ``rng`` keyword, and draws from it alone. Travels with the rows
     (``Rows.seeds``), as a :class:`~prep.core.policy.ResultCheck` does."""
 
-    def __init__(self, seed: int, rng: bool = False) -> None:
+    def __init__(self, seed: int, rng: bool = False, shift: int = 0) -> None:
         self.seed, self.rng = seed, rng
+        self.shift = shift  # rows numbered from 0 that are the batch's rows shift:
         self._local = threading.local()
 
     def __reduce__(self) -> tuple[Any, ...]:  # the thread-local part is each process's own
-        return (Seeding, (self.seed, self.rng))
+        return (Seeding, (self.seed, self.rng, self.shift))
 
     def __repr__(self) -> str:
-        return f"Seeding(seed={self.seed}, rng={self.rng})"
+        return f"Seeding(seed={self.seed}, rng={self.rng}, shift={self.shift})"
+
+    def shifted(self, by: int) -> Seeding:
+        """These seeds for copies of rows ``by:`` numbered from 0 (serial's reference rows
+        of a batch's later rows draw as those rows do)."""
+        return Seeding(self.seed, self.rng, self.shift + by)
 
     def row(self, i: int) -> dict[str, Any]:
         """Seed what row ``i`` draws from; the keywords its call adds (``rng``)."""
-        seed = mix(self.seed, i)
+        seed = mix(self.seed, i + self.shift)
         if self.rng:
             generator = getattr(self._local, "generator", None)
             if generator is None:

@@ -64,12 +64,14 @@ def causes(executor: str) -> str:
 
 
 def _pristine(rows: Rows, stop: int) -> Rows | None:
-    """Rows ``0:stop`` as copies of their own (None where a sample cannot be copied)."""
+    """Rows ``0:stop`` as copies of their own, numbered from 0 (None where a sample cannot
+    be copied); under seed=, each draws as the batch's row it copies."""
+    seeds = rows.seeds.shifted(rows.offset) if rows.seeds is not None else None
     if isinstance(rows, TensorRows):
-        return rows.take(0, stop)
+        return rows.take(0, stop).seeding(seeds)
     if isinstance(rows, SampleRows):
         try:
-            return SampleRows([copy.deepcopy(s) for s in rows.samples[:stop]], seeds=rows.seeds)
+            return SampleRows([copy.deepcopy(s) for s in rows.samples[:stop]], seeds=seeds)
         except Exception:  # a sample holding a lock, a file, a C object
             return None
     return None
