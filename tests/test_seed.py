@@ -523,7 +523,7 @@ def test_auto_leaves_threads_and_batched_forms_out_for_a_global_function():
             assert exact(pool.map_rows(slow_random, x, seed=SEED), loop(slow_random, x, SEED))
         dropped = pool.explain().dropped
     assert "seed=" in dropped.get("threads", ""), dropped
-    assert "seed=" in dropped.get("vectorized, vmap", ""), dropped
+    assert "seed=" in dropped.get("vmap", ""), dropped
 
 
 @pytest.mark.timeout(120)
@@ -534,13 +534,13 @@ def test_auto_may_use_threads_for_a_function_that_takes_rng():
             assert exact(pool.map_rows(slow_rng, x, seed=SEED), loop(slow_rng, x, SEED))
         dropped = pool.explain().dropped
     assert "threads" not in dropped, dropped
-    assert "seed=" in dropped.get("vectorized, vmap", ""), dropped
+    assert "seed=" in dropped.get("vmap", ""), dropped
 
 
 @pytest.mark.timeout(60)
 def test_explain_with_seed_says_what_auto_leaves_out():
     dropped = prep.explain(slow_random, batch(64), workers=2, seed=SEED).dropped
-    assert "seed=" in dropped.get("vectorized, vmap", ""), dropped
+    assert "seed=" in dropped.get("vmap", ""), dropped
     assert "seed=" in dropped.get("threads", ""), dropped
 
 

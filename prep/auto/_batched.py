@@ -13,7 +13,7 @@ import math
 from ..executors import REGISTRY, Job
 from ._cost import CostModel
 from ._sample import Sample
-from .models import model
+from .models import POOLS, model
 
 
 def batched_form(job: Job) -> type[CostModel] | None:
@@ -58,8 +58,9 @@ class BatchedForms:
         best = per_row or min([x for x in cal.batched_rows.values() if x] + [math.inf])
         if best * s.cores >= cal.serial_row:
             return False
-        cal.dropped["threads, processes"] = (
-            f"a batched form is over {s.cores}x faster than serial, more than {s.cores} cores give"
+        cal.drop(
+            POOLS,
+            f"a batched form is over {s.cores}x faster than serial, more than {s.cores} cores give",
         )
         return True
 

@@ -56,7 +56,10 @@ class CalibrationText:
                 f"  setup= takes {cal.setup_seconds * 1e3:,.1f} ms here: a new process pool "
                 f"counts it once a worker in its start-up"
             )
-        lines += [f"  not considered: {k} ({why})" for k, why in cal.dropped.items()]
+        reasons: dict[str, list[str]] = {}  # executors left out for one reason, on one line
+        for name, why in cal.dropped.items():
+            reasons.setdefault(why, []).append(name)
+        lines += [f"  not considered: {', '.join(names)} ({why})" for why, names in reasons.items()]
         lines += [f"  {e}" for e in cal.events]
         lines += self._starts()
         if cal.remembered:
@@ -79,7 +82,7 @@ class CalibrationText:
                 f"{choice} for now: a batched form ran this first batch without winning "
                 f"outright, so the pools are measured on the next one."
             )
-        light = cal.dropped.get("threads, processes", "")
+        light = cal.dropped.get("processes", "")
         if choice == "serial" and light.startswith("the batch takes"):
             return f"serial: {light}, so no pool can win."
         measured = "measured" if cal.observed.get(choice) else "predicted"

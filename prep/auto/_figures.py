@@ -82,6 +82,7 @@ class Figures:
 
     #: seconds whole batches took, per executor, scaled to ``rows`` rows
     observed: dict[str, list[float]] = field(default_factory=dict)
+    #: why each executor left out was not weighed, by its name
     dropped: dict[str, str] = field(default_factory=dict)
     choice: str = "serial"
     seconds: float = 0.0
@@ -102,6 +103,11 @@ class Figures:
     check_seconds: float = 0.0
     #: when the choice was remembered from an earlier interpreter ("" if measured here)
     remembered: str = ""
+
+    def drop(self, names: tuple[str, ...], reason: str) -> None:
+        """``names`` are not weighed, each for ``reason``."""
+        for name in names:
+            self.dropped[name] = reason
 
     # ------------------------------------------------------------ figures
 

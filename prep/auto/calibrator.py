@@ -56,7 +56,7 @@ from ._decisions import Decisions
 from ._forms import SEEDED
 from ._sample import Sample
 from .calibration import Calibration
-from .models import model
+from .models import BATCHED, POOLS, model
 
 #: seconds of serial work for a whole batch below which no pool is measured: a thread
 #: pool's dispatch costs a few tenths of a millisecond
@@ -93,7 +93,7 @@ class Calibrator:
             # first batch: a batched form made the whole output in one call
             if not forms.won_outright() and not self._too_light_for_pools():
                 cal.settled = False
-                cal.dropped["threads, processes"] = f"measured on the next batch, with {form.name}"
+                cal.drop(POOLS, f"measured on the next batch, with {form.name}")
             return self._finish(t0)
         # no batched form, or the batch after one that did not win outright (whose
         # figure it kept): a form that failed or gave other rows is not used again
@@ -115,13 +115,14 @@ class Calibrator:
 
     def _batched_forms_allowed(self) -> bool:
         if self.sample.job.rows.seeds is not None:
-            self.cal.dropped["vectorized, vmap"] = SEEDED
+            self.cal.drop(BATCHED, SEEDED)
             return False
         if self.sample.job.policy.padding is None:
             return True
-        self.cal.dropped["vectorized, vmap"] = (
+        self.cal.drop(
+            BATCHED,
             "with pad=, rows are padded one by one (vmap cannot return ragged rows, and a "
-            "twin's padded batch says nothing of each row's length)"
+            "twin's padded batch says nothing of each row's length)",
         )
         return False
 
@@ -129,8 +130,9 @@ class Calibrator:
         work = self.sample.n * self.cal.serial_row
         if work >= MIN_POOL_WORK:
             return False
-        self.cal.dropped["threads, processes"] = (
-            f"the batch takes {work * 1e3:.2f} ms serially: about what a pool's dispatch costs"
+        self.cal.drop(
+            POOLS,
+            f"the batch takes {work * 1e3:.2f} ms serially: about what a pool's dispatch costs",
         )
         return True
 

@@ -227,6 +227,11 @@ MODELS: dict[str, type[CostModel]] = {
 }
 
 
+#: the pools auto weighs (a batch cut across workers) and the batched forms (one call)
+POOLS = tuple(name for name, m in MODELS.items() if m.pooled)
+BATCHED = tuple(name for name in MODELS if not traits_of(name).per_row)
+
+
 def left_out(processes_allowed: bool) -> Mapping[str, str]:
     """The executors auto does not weigh in this process, each with why: those that start
     child processes, where none may start (inside a DataLoader worker). Worked out once
@@ -242,4 +247,4 @@ def model(name: str) -> type[CostModel]:
     return MODELS.get(name, CostModel)
 
 
-__all__ = ["MODELS", "CostModel", "ProcessesModel", "model"]
+__all__ = ["BATCHED", "MODELS", "POOLS", "CostModel", "ProcessesModel", "model"]

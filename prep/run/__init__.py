@@ -42,10 +42,10 @@ from .shards import (
     ShardFile,
     find_shards,
     load_shard,
-    make_shards,
     save_shard,
 )
 from .signals import sigterm_raises
+from .synthetic import make_shards
 from .task import NoRows, ShardTask, explain_first_shard, run_shard
 from .temps import remove_stale_temps
 

@@ -130,15 +130,13 @@ def run_shards(
     (2, 16, 0)
     """
     _check(config, jobs, on_error, parallel)
-    folder = Path(out)
-    progress = progress or ShardProgress(quiet=True)
+    folder, progress = Path(out), progress or ShardProgress(quiet=True)
     manifest, todo, summary, stale, layouts = _plan(list(inputs), folder, config, resume, progress)
     if not todo:  # all done already: no pool or cluster to start
         progress.start(0, summary.skipped, len(stale))
         progress.finish(summary)
         return summary
-    started = time.monotonic()
-    # before the progress bar: whole-shard workers are forked while no thread runs
+    started = time.monotonic()  # the backend first: workers fork while no thread runs
     backend, plan = _backend(config, todo, jobs, cluster, parallel)
     summary.plan = plan.sentence() if plan is not None else ""
     progress.start(len(todo), summary.skipped, len(stale), summary.plan)
