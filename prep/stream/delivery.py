@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..executors import Ticket
+from . import stats
 
 __all__ = ["Delivery"]
 
@@ -35,16 +36,20 @@ class Delivery:
     ) -> None:
         self.tickets, self._finish, self._taken = tickets, finish, taken
         self.error: BaseException | None = None  # a batch that failed before any ticket
+        self.ran_for: float | None = None  # seconds it ran in the submitting thread, if it did
 
     @classmethod
     def ran(cls, call: Callable[[Any], Any], batch: Any) -> Delivery:
         """``call(batch)`` run now, in this thread: its result, or its error, raised
         where the consumer takes this batch."""
+        t = stats.clock()
         try:
             value = call(batch)
         except BaseException as exc:
             return cls.failed(exc)
-        return cls([], lambda _: value)
+        delivery = cls([], lambda _: value)
+        delivery.ran_for = stats.clock() - t
+        return delivery
 
     @classmethod
     def failed(cls, error: BaseException) -> Delivery:
@@ -75,6 +80,14 @@ class Delivery:
             took = time.perf_counter() - t + sum(x.transfer for x in self.tickets)
             self._taken(self.tickets, took)
         return value
+
+    def busy(self, workers: int) -> float:
+        """Pool seconds spent on it: its thread's run time where it ran in the submitting
+        thread (the pool's executor on all of it), else its workers' seconds over
+        ``workers`` (0 for a worker that never said)."""
+        if self.ran_for is not None:
+            return self.ran_for
+        return sum(t.busy or 0.0 for t in self.tickets) / max(1, workers)
 
     def cancel(self) -> None:
         """Nobody will take it: its tickets are cancelled, what it holds let go."""

@@ -57,7 +57,9 @@ import torch
 
 from .._warn import warn
 from ..errors import ConfigError
+from . import stats as figures_of  # its clock, read where it is timed
 from .delivery import Delivery
+from .stats import BatchFigures, Meter, StreamStats, rows_in
 
 __all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Stream", "check_prefetch"]
 
@@ -67,8 +69,9 @@ JOIN_TIMEOUT = 30.0
 #: seconds between the waiting side's looks at the stop event (and at the producer)
 POLL = 0.1
 
-# what the producer puts in the queue: (kind, value)
+# what the producer puts in the queue: (kind, value, figures of a result or None)
 _RESULT, _ERROR, _END = "result", "error", "end"
+_Item = tuple[str, Any, BatchFigures | None]
 
 
 def check_prefetch(prefetch: Any) -> int:
@@ -115,7 +118,7 @@ class _Link:
     it and the stop event. Never the Stream itself, whose life decides when to stop."""
 
     def __init__(self, prefetch: int) -> None:
-        self.results: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=prefetch)
+        self.results: queue.Queue[_Item] = queue.Queue(maxsize=prefetch)
         self.slots = threading.Semaphore(prefetch)
         self.stop = threading.Event()
 
@@ -130,17 +133,17 @@ class _Link:
         """A slot now, if one is free (never waits)."""
         return self.slots.acquire(blocking=False)
 
-    def put(self, kind: str, value: Any) -> bool:
+    def put(self, kind: str, value: Any, figures: BatchFigures | None = None) -> bool:
         """Hand an item to the consumer; False (the item dropped) once it has stopped."""
         while not self.stop.is_set():
             try:
-                self.results.put((kind, value), timeout=POLL)
+                self.results.put((kind, value, figures), timeout=POLL)
                 return True
             except queue.Full:  # cannot happen (an item per slot), but never block for good
                 continue
         return False
 
-    def take(self, producer: threading.Thread) -> tuple[str, Any]:
+    def take(self, producer: threading.Thread) -> _Item:
         """The next item, waiting for it in short steps (Ctrl-C gets through at once)."""
         while True:
             try:
@@ -164,18 +167,25 @@ class _Link:
 
 
 def _produce(
-    submit: Callable[[Any], Delivery], batches: Iterator[Any], link: _Link, state: _TorchState
+    submit: Callable[[Any], Delivery],
+    batches: Iterator[Any],
+    link: _Link,
+    state: _TorchState,
+    workers: int | None,
 ) -> None:
     """The producer thread's life: every batch until they end, one fails or the consumer
-    stops; an error goes to the consumer, which raises it in its place."""
+    stops; an error goes to the consumer, which raises it in its place. ``workers``:
+    what a result's figures count busy time over (None: no figures)."""
     try:
         with state.applied():
-            _run_batches(submit, batches, link)
+            _run_batches(submit, batches, link, workers)
     except BaseException as exc:
         link.put(_ERROR, exc)
 
 
-def _run_batches(submit: Callable[[Any], Delivery], batches: Iterator[Any], link: _Link) -> None:
+def _run_batches(
+    submit: Callable[[Any], Delivery], batches: Iterator[Any], link: _Link, workers: int | None
+) -> None:
     """Keep up to a slot's worth of batches submitted; hand their results over in order.
 
     Each turn does the first of: deliver the oldest batch if it is done; pull and
@@ -184,14 +194,15 @@ def _run_batches(submit: Callable[[Any], Delivery], batches: Iterator[Any], link
     then, while this thread waits for the oldest batch), else for the oldest. So a
     batch run in this thread (:meth:`Delivery.ran`) is delivered before the next one is
     pulled, and batches run elsewhere keep every slot busy."""
-    pending: deque[Delivery] = deque()
+    pending: deque[tuple[Delivery, float]] = deque()  # each with its seconds in batches
     ended = False
     try:
         while not link.stop.is_set():
-            if pending and pending[0].wait(0):  # done (a reply already there is read)
-                if not _deliver(pending.popleft(), link):
+            if pending and pending[0][0].wait(0):  # done (a reply already there is read)
+                if not _deliver(*pending.popleft(), link, workers):
                     return
             elif not ended and (link.try_reserve() if pending else link.reserve()):
+                pulling = figures_of.clock()
                 try:
                     batch = next(batches)
                 except StopIteration:
@@ -200,34 +211,41 @@ def _run_batches(submit: Callable[[Any], Delivery], batches: Iterator[Any], link
                     continue
                 except BaseException as exc:  # the batches' own error, in its place
                     ended = True
-                    pending.append(Delivery.failed(exc))
+                    pending.append((Delivery.failed(exc), 0.0))
                     continue
                 if link.stop.is_set():  # stopped while the batch was pulled: do not start it
                     return
-                pending.append(submit(batch))
+                pulled = figures_of.clock() - pulling
+                pending.append((submit(batch), pulled))
                 del batch  # the ticket holds what it needs: memory stays bounded by slots
             elif pending and not link.results.empty():
                 if link.slots.acquire(timeout=POLL):
                     link.slots.release()  # the next turn takes it, after delivering
             elif pending:
-                pending[0].wait(POLL)
+                pending[0][0].wait(POLL)
             else:
                 if ended:
                     link.put(_END, None)
                 return  # ended, or stopped while waiting for a slot
     finally:
-        for ticket in pending:  # stopped with batches in flight: nobody takes them
+        for ticket, _ in pending:  # stopped with batches in flight: nobody takes them
             ticket.cancel()
 
 
-def _deliver(ticket: Delivery, link: _Link) -> bool:
-    """The batch's result (or its error, which ends the stream) to the consumer."""
+def _deliver(ticket: Delivery, pulled: float, link: _Link, workers: int | None) -> bool:
+    """The batch's result (or its error, which ends the stream) to the consumer, with its
+    figures (none where ``workers`` is None): its rows, ``pulled`` (its seconds in the
+    batches) and its pool seconds (none for a stand-in of a Delivery's shape)."""
     try:
         result = ticket.result()
     except BaseException as exc:
         link.put(_ERROR, exc)
         return False
-    return link.put(_RESULT, result)
+    if workers is None:
+        return link.put(_RESULT, result)
+    busy = ticket.busy(workers) if isinstance(ticket, Delivery) else 0.0
+    figures = BatchFigures(rows_in(result), pulled, busy)
+    return link.put(_RESULT, result, figures)
 
 
 def _surfaced(exc: BaseException) -> BaseException:
@@ -245,7 +263,10 @@ class Stream(Iterator[Any]):
     ``prefetch`` of them prepared ahead in a background thread while the caller uses the
     current one. An iterator; :meth:`close` (or leaving a ``with`` block, or dropping
     it) stops the work. The producer thread takes the grad and inference mode and
-    the CUDA device and stream current where the Stream is made.
+    the CUDA device and stream current where the Stream is made. :meth:`stats` says
+    what it measured and what bounds the loop; ``workers`` is how many workers its
+    batches share (None: those of ``submit``'s plan, else 1); ``measure=False`` keeps
+    no figures (to measure what they cost).
     """
 
     def __init__(
@@ -254,6 +275,9 @@ class Stream(Iterator[Any]):
         batches: Iterable[Any],
         prefetch: int = 2,
         submit: Callable[[Any], Delivery] | None = None,
+        *,
+        workers: int | None = None,
+        measure: bool = True,
     ) -> None:
         self.prefetch = check_prefetch(prefetch)
         self._call = call
@@ -262,9 +286,13 @@ class Stream(Iterator[Any]):
         self._closed = False
         self._link = _Link(self.prefetch)  # unused at prefetch=0
         self._thread: threading.Thread | None = None
+        if workers is None:  # a Submitter's plan knows them
+            workers = getattr(getattr(submit, "plan", None), "workers", 1)
+        self._meter = Meter(self.prefetch, workers) if measure else None
         if self.prefetch:
             submit = submit or functools.partial(Delivery.ran, call)
-            args = (submit, self._batches, self._link, _TorchState.here())
+            counted = workers if measure else None
+            args = (submit, self._batches, self._link, _TorchState.here(), counted)
             self._thread = threading.Thread(
                 target=_produce, args=args, name=THREAD_NAME, daemon=True
             )
@@ -278,13 +306,18 @@ class Stream(Iterator[Any]):
             raise StopIteration
         if self._thread is None:
             return self._run_here()
+        meter = self._meter
+        if meter is not None:
+            asked, ready = meter.asked(), self._link.results.qsize()
         try:
-            kind, value = self._link.take(self._thread)
+            kind, value, figures = self._link.take(self._thread)
         except BaseException:  # Ctrl-C while waiting: stop the work, then let it through
             self.close()
             raise
         if kind == _RESULT:
             self._delivered += 1
+            if meter is not None and figures is not None:
+                meter.took(asked, ready, figures)
             return value
         self.close()  # the producer has ended; nothing follows
         if kind == _END:
@@ -297,18 +330,37 @@ class Stream(Iterator[Any]):
 
     def _run_here(self) -> Any:
         """``prefetch=0``: pull and run the next batch in the caller's thread."""
+        asked = self._meter.asked() if self._meter is not None else 0.0
         try:
             batch = next(self._batches)
         except BaseException:  # StopIteration (the end) or the batches' own error
             self._closed = True
             raise
+        pulled = figures_of.clock()
         try:
             result = self._call(batch)
         except BaseException as exc:
             self._closed = True
             raise _surfaced(exc)  # noqa: B904 (the error itself, or its RuntimeError)
         self._delivered += 1
+        if self._meter is not None:
+            ran = figures_of.clock() - pulled
+            self._meter.took(asked, 0, BatchFigures(rows_in(result), pulled - asked, ran))
         return result
+
+    def stats(self) -> StreamStats:
+        """What the stream measured so far, and (its ``str()``) what bounds the loop.
+
+        >>> import torch, prep
+        >>> with prep.Pool("threads", workers=2) as pool:
+        ...     stream = pool.imap(torch.neg, [torch.ones(4, 2)] * 3)
+        ...     _ = list(stream)
+        >>> stream.stats().batches, stream.stats().rows
+        (3, 12)
+        """
+        if self._meter is None:
+            return Meter(self.prefetch, 1).stats()
+        return self._meter.stats()
 
     def close(self, timeout: float = JOIN_TIMEOUT) -> None:
         """Stop preparing batches: none is pulled any more, a batch already running
