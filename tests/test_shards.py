@@ -226,8 +226,8 @@ def test_find_shards(tmp_path):
 
 
 def test_make_shards_is_deterministic_and_fits_side_context(tmp_path):
-    a = S.make_shards(tmp_path / "a", shards=2, rows=64, seq=12, dim=3, seed=7)
-    b = S.make_shards(tmp_path / "b", shards=2, rows=64, seq=12, dim=3, seed=7, fmt="pt")
+    a = prep.run.make_shards(tmp_path / "a", shards=2, rows=64, seq=12, dim=3, seed=7)
+    b = prep.run.make_shards(tmp_path / "b", shards=2, rows=64, seq=12, dim=3, seed=7, fmt="pt")
     assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
     assert a[0].read_bytes() != a[1].read_bytes()
     t = S.load_shard(a[0])
@@ -240,7 +240,7 @@ def test_make_shards_is_deterministic_and_fits_side_context(tmp_path):
             assert where[-1] - where[0] + 1 == len(where) and where[-1] < n
     assert (~t["mask"].any(1)).any(), "some rows have no span"
     with pytest.raises(prep.ConfigError, match="shards=0"):
-        S.make_shards(tmp_path / "c", shards=0)
+        prep.run.make_shards(tmp_path / "c", shards=0)
 
 
 # ------------------------------------------------------------------ the manifest

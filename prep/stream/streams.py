@@ -97,7 +97,8 @@ class Streams:
         shaping = repr(sorted(work.options.batch_options().items()))  # what shapes a result
         plan = self.plan(strategy, (work.bound, work.samples, shaping), flavours or ("",))
         parts = kind.name if kind.name in flavours else None  # the executor's own workers
-        stream = Stream(work.split, batches, prefetch, submit=Submitter(plan, work, parts))
+        submit = Submitter(plan, work, parts)
+        stream = Stream(work.split, batches, prefetch, submit=submit, workers=self.workers)
         if work.meter is not None:
             weakref.finalize(stream, work.meter.close)
         return stream
