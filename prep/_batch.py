@@ -41,6 +41,8 @@ class Batch:
     given: Output | None  # out=, as the call gave it
     options: Options
     bar: RowProgress | None = None
+    #: where the batch is in a stream: (its number, rows before it), for warnings
+    place: tuple[int, int] | None = None
 
     def close(self) -> None:
         if self.bar is not None:
@@ -70,10 +72,17 @@ def start(fn: Callable[..., Any], rows: Rows, options: Options, ex: Executor) ->
     return Batch(job, given, options, bar)
 
 
-def run(ex: Executor, fn: Callable[..., Any], rows: Rows, options: Options) -> Any:
+def run(
+    ex: Executor,
+    fn: Callable[..., Any],
+    rows: Rows,
+    options: Options,
+    place: tuple[int, int] | None = None,
+) -> Any:
     """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it with ``options``:
-    a stream of one batch."""
+    a stream of one batch (``place``: where it is in a stream of more)."""
     batch = start(fn, rows, options, ex)
+    batch.place = place
     try:
         if len(rows) == 0 and batch.given is not None:
             result: Output | None = batch.given
@@ -98,7 +107,7 @@ def finish(batch: Batch, result: Output | None, ex: Executor) -> Any:
     )  # fmt: skip
     result.finish()
     if job.sink.failures:
-        job.sink.failures.warn(n, policy)
+        job.sink.failures.warn(n, policy, batch.place)
     return _returned(job, result, batch.given, options.device, options.returns)
 
 

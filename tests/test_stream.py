@@ -589,3 +589,25 @@ def test_while_results_wait_the_producer_waits_for_a_slot_not_for_the_oldest_bat
     finally:
         gate.opened.set()
     assert list(stream) == [1, 2, 3]
+
+
+@pytest.mark.timeout(60)
+def test_a_row_warning_names_the_batch_and_the_row_in_the_stream(pool):
+    """Row 5 of the third batch of 8 rows is row 21 of the stream."""
+    batches = [torch.zeros(8, 2) + k * 8 + torch.arange(8.0)[:, None] for k in range(4)]
+
+    def fail_on_21(row: torch.Tensor) -> torch.Tensor:
+        if int(row[0]) == 21:
+            raise ValueError("bad row")
+        return row
+
+    with pytest.warns(RuntimeWarning) as seen:
+        outs = list(pool.imap(fail_on_21, batches, on_error="fill", prefetch=0))
+    assert len(outs) == 4
+    (warning,) = [w for w in seen if "rows failed" in str(w.message)]
+    text = str(warning.message)
+    assert "1 of 8 rows failed and were filled" in text
+    assert (
+        "the first: row 5: ValueError: bad row (batch 2 of the stream: row 21 of the stream)"
+        in text
+    )

@@ -101,14 +101,19 @@ class Failures:
         with self._lock:
             return sorted(self.errors)
 
-    def warn(self, rows: int, policy: Policy) -> None:
+    def warn(self, rows: int, policy: Policy, place: tuple[int, int] | None = None) -> None:
         """One warning a call: how many rows, the first failing row and its error, at
-        the user's line (:func:`prep._warn.warn`)."""
+        the user's line (:func:`prep._warn.warn`); in a stream, ``place`` (the batch's
+        number and the rows before it) says which batch, and the row's place overall."""
         first = min(self.errors)
         what = "filled" if policy.on_error == "fill" else "left out"
+        where = ""
+        if place is not None:
+            number, before = place
+            where = f" (batch {number} of the stream: row {before + first} of the stream)"
         warn(
             f"{len(self.errors)} of {rows} rows failed and were {what} "
-            f"(on_error={policy.on_error!r}); the first: {self.errors[first]}"
+            f"(on_error={policy.on_error!r}); the first: {self.errors[first]}{where}"
         )
 
 

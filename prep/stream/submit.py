@@ -57,15 +57,19 @@ class Work:
         self.site = Site.here()  # the user's line that called imap
         self.meter = CountBar("batch") if options.progress else None
         self._numbers = itertools.count()  # each batch's, in the order they are submitted
+        self._rows = 0  # rows in the batches before the next one
         #: seed= with a function that draws from the global generators: no threads
         self.global_draws = options.seed is not None and not takes_rng(fn)
 
-    def _next(self) -> Options:
-        """The next batch's options: under ``seed=``, batch ``k``'s rows keyed under
-        ``mix(seed, k)``, whoever runs them (``core.seeding``)."""
-        number = next(self._numbers)
+    def _next(self, rows: int) -> tuple[Options, tuple[int, int]]:
+        """The next batch's options and place (its number, the rows before it): under
+        ``seed=``, batch ``k``'s rows keyed under ``mix(seed, k)``, whoever runs them
+        (``core.seeding``)."""
+        number, before = next(self._numbers), self._rows
+        self._rows += rows
         seed = self.options.seed
-        return self.options if seed is None else self.options.with_(seed=mix(seed, number))
+        options = self.options if seed is None else self.options.with_(seed=mix(seed, number))
+        return options, (number, before)
 
     def rows(self, batch: Any) -> Rows:
         return SampleRows(list(batch)) if self.samples else rows_of(batch)
@@ -74,15 +78,18 @@ class Work:
         """The batch through the pool's executor, in this thread: ``map_rows``."""
         rows = self.rows(batch)
         check_fn(self.fn, None, "map_rows", "batch")  # raised at the batch, as its errors are
-        options = self._next()
+        options, place = self._next(len(rows))
         with pointing_at(self.site):
-            out = _batch.run(self.executors(self.executor), self.bound, rows, options)
+            out = _batch.run(self.executors(self.executor), self.bound, rows, options, place)
         return self._count(out, len(rows))
 
     def start(self, rows: Rows, ex: Executor) -> _batch.Batch:
         """The batch's job, for ``ex``'s workers to run."""
         check_fn(self.fn, None, "map_rows", "batch")
-        return _batch.start(self.bound, rows, self._next(), ex)
+        options, place = self._next(len(rows))
+        batch = _batch.start(self.bound, rows, options, ex)
+        batch.place = place
+        return batch
 
     def finish(self, batch: _batch.Batch, result: Any, ex: Executor) -> Any:
         """The batch's result, once ``ex``'s workers made its output."""
