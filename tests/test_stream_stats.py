@@ -299,3 +299,15 @@ def test_measure_false_keeps_no_figures() -> None:
     stream = Stream(torch.neg, batches(3), prefetch=2, measure=False)
     assert len(list(stream)) == 3
     assert stream.stats().batches == 0
+
+
+@pytest.mark.timeout(60)
+def test_pool_explain_says_what_the_latest_stream_achieved():
+    with prep.Pool("threads", workers=2) as pool:
+        stream = pool.imap(torch.neg, [torch.ones(64, 8)] * 20)
+        for _ in stream:
+            pass
+        text = str(pool.explain())
+    (line,) = [x for x in text.splitlines() if "latest stream" in x]
+    assert "20 batches, 1,280 rows at" in line and "rows/s; " in line
+    assert any(side in line for side in ("data-bound", "compute-bound", "source-bound"))

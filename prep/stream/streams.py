@@ -21,6 +21,7 @@ from .._kept import keep_newest
 from ..errors import ConfigError
 from ..executors import Executor, traits_of
 from ..registry import IN_WORKERS
+from .stats import verdict
 from .strategy import StrategyPlan, check_strategy
 from .stream import Stream, check_prefetch
 from .submit import Submitter, Work
@@ -40,6 +41,7 @@ class Streams:
         self.workers = workers
         self._kept: dict[Any, StrategyPlan] = {}
         self._latest: list[StrategyPlan] = []
+        self._stream: weakref.ref[Stream] | None = None  # the latest, while it lives
         self._lock = threading.Lock()
 
     def plan(self, strategy: str, key: Any, flavours: tuple[str, ...]) -> StrategyPlan:
@@ -101,9 +103,20 @@ class Streams:
         stream = Stream(work.split, batches, prefetch, submit=submit, workers=self.workers)
         if work.meter is not None:
             weakref.finalize(stream, work.meter.close)
+        with self._lock:
+            self._stream = weakref.ref(stream)  # what explain() says the loop achieved
         return stream
 
     def describe(self) -> list[str]:
-        """A line for each of the latest streams' strategy."""
+        """A line for each of the latest streams' strategy, and what the latest stream
+        achieved (its rate and the verdict on what bounded it)."""
         with self._lock:
-            return [p.describe() for p in self._latest]
+            lines = [p.describe() for p in self._latest]
+            stream = self._stream() if self._stream is not None else None
+        if stream is not None and (s := stream.stats()).batches:
+            rate = s.rows / s.elapsed if s.elapsed > 0 else 0.0
+            lines.append(
+                f"    latest stream: {s.batches:,} batches, {s.rows:,} rows at {rate:,.0f} "
+                f"rows/s; {verdict(s)}"
+            )
+        return lines
