@@ -17,6 +17,9 @@
     ├── WorkerCrashed    a worker process died (signal, OOM killer, segfault)
     ├── BatchTimeout     the batch did not finish within ``timeout`` seconds
     ├── ShardError       a saved shard could not be read or is not what was expected
+    │   ├── OutOfSpace   an output could not be written: the disk is full, over quota
+    │   │                or read-only (no shard's fault: the run starts no other)
+    │   └── NoRows       a shard of 0 rows, and no done shard shows its output's layout
     ├── ClusterLost      the Dask scheduler of ``prep run --cluster`` went away mid-run
     └── Cancelled        ``prep run`` was abandoned while this shard was in flight
 
@@ -36,6 +39,8 @@ __all__ = [
     "ConfigError",
     "ExecutorUnavailable",
     "FunctionLoadError",
+    "NoRows",
+    "OutOfSpace",
     "PrepError",
     "RemoteTraceback",
     "RowError",
@@ -145,6 +150,15 @@ class BatchTimeout(PrepError, TimeoutError):
 
 class ShardError(PrepError):
     """A shard file is truncated, not a dict of tensors, or lacks a column."""
+
+
+class OutOfSpace(ShardError):
+    """An output could not be written: its disk is full, over quota or read-only. No
+    shard's fault: the run starts no other shard, and ``--resume`` finishes it."""
+
+
+class NoRows(ShardError):
+    """A shard of 0 rows, and no shard done yet whose output's layout it can take."""
 
 
 class RemoteTraceback(Exception):

@@ -42,7 +42,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, ShardError
+from ..errors import ConfigError, OutOfSpace, ShardError
 from .temps import Temps
 
 __all__ = [
@@ -232,11 +232,6 @@ def compact(t: Tensor) -> Tensor:
     if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.nbytes:
         t = t.clone()
     return t
-
-
-class OutOfSpace(ShardError):
-    """An output could not be written: its disk is full, over quota or read-only. No
-    shard's fault: the run starts no other shard, and ``--resume`` finishes it."""
 
 
 #: errnos that say the disk, not the shard, is at fault, and the fix for each

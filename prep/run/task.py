@@ -37,7 +37,7 @@ from .._explanation import Explanation
 from .._version import __version__
 from ..api import explain
 from ..core.rows import rows_of
-from ..errors import Cancelled, RowError, ShardError
+from ..errors import Cancelled, NoRows, RowError, ShardError
 from ..executors import traits_of
 from ..pool import SHARED, Pool
 from ..registry import in_caller
@@ -68,10 +68,6 @@ IN_WORKER = in_caller()
 
 #: an output's layout: each saved tensor's name -> (dtype, the shape of one row)
 Layout = Mapping[str, tuple[str, tuple[int, ...]]]
-
-
-class NoRows(ShardError):
-    """A shard of 0 rows, and no shard done yet whose output's layout it can take."""
 
 
 @dataclass(frozen=True)
