@@ -49,9 +49,16 @@ class Batch:
             self.bar.close()
 
 
-def start(fn: Callable[..., Any], rows: Rows, options: Options, ex: Executor) -> Batch:
+def start(
+    fn: Callable[..., Any],
+    rows: Rows,
+    options: Options,
+    ex: Executor,
+    place: tuple[int, int] | None = None,
+) -> Batch:
     """The job of ``fn`` over ``rows`` with ``options``, for ``ex`` to run (a stream
-    starts it when it submits the batch, and finishes it when the loop takes it)."""
+    starts it when it submits the batch, and finishes it when the loop takes it;
+    ``place``: where it is in the stream)."""
     rng = options.seed is not None and takes_rng(fn)
     if isinstance(fn, WithState):  # setup=: the function itself, given state= too
         check_row_call(fn.fn, rows, state=True, rng=rng)
@@ -69,7 +76,7 @@ def start(fn: Callable[..., Any], rows: Rows, options: Options, ex: Executor) ->
     advance = bar.advance if bar is not None else None
     staging = _staging(given, rows, device)
     job = Job.new(fn, rows, staging, options.timeout, policy=policy, pin=pin, progress=advance)
-    return Batch(job, given, options, bar)
+    return Batch(job, given, options, bar, place)
 
 
 def run(
@@ -81,8 +88,7 @@ def run(
 ) -> Any:
     """``fn`` over ``rows`` through ``ex``, as ``map_rows`` returns it with ``options``:
     a stream of one batch (``place``: where it is in a stream of more)."""
-    batch = start(fn, rows, options, ex)
-    batch.place = place
+    batch = start(fn, rows, options, ex, place)
     try:
         if len(rows) == 0 and batch.given is not None:
             result: Output | None = batch.given

@@ -34,10 +34,9 @@ class States:
         now = States.now()
         if now.random != self.random:
             return "Python's random"
-        if self.numpy is not None and now.numpy is not None:
-            a, b = self.numpy, now.numpy
-            if not (a[2:] == b[2:] and (a[1] == b[1]).all()):
-                return "numpy's global generator"
+        both = self.numpy is not None and now.numpy is not None
+        if both and not same_numpy(self.numpy, now.numpy):
+            return "numpy's global generator"
         return None
 
     def restore(self) -> None:
@@ -45,6 +44,14 @@ class States:
         random.setstate(self.random)
         if self.numpy is not None:
             sys.modules["numpy"].random.set_state(self.numpy)
+
+
+def same_numpy(a: Any, b: Any) -> bool:
+    """Whether two of numpy's legacy global states (``get_state()``, or None where numpy
+    was not imported) are the same state."""
+    if a is None or b is None:
+        return a is b
+    return bool(a[0] == b[0] and (a[1] == b[1]).all() and a[2:] == b[2:])
 
 
 class Kept:

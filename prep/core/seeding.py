@@ -26,7 +26,6 @@ for all rows at once and cannot seed each row.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import random
 import sys
 import threading
@@ -35,7 +34,9 @@ from typing import Any
 
 import torch
 
-from .generators import States
+from .checks import signature
+from .generators import States, same_numpy
+from .state import WithState
 
 __all__ = ["Seeding", "mix", "takes_rng"]
 
@@ -54,12 +55,8 @@ def mix(seed: int, key: int) -> int:
 def takes_rng(fn: Any) -> bool:
     """Whether the row function declares an ``rng`` parameter (by that name: a function
     taking ``**kwargs`` is not given one it did not ask for)."""
-    fn = getattr(fn, "fn", fn) if type(fn).__name__ == "WithState" else fn
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    rng = params.get("rng")
+    sig = signature(fn.fn if isinstance(fn, WithState) else fn)
+    rng = sig.parameters.get("rng") if sig is not None else None
     return rng is not None and rng.kind in (rng.POSITIONAL_OR_KEYWORD, rng.KEYWORD_ONLY)
 
 
@@ -125,6 +122,9 @@ class _Run:
         self.first: int | None = None  # the first row, until the second comes
         self.after_first: States | None = None
         self.python = self.numpy = True  # until the first row shows otherwise
+        #: the states once the first row showed what it draws from (those not seeded
+        #: from then on must not move)
+        self.unseeded: States | None = None
 
     def seed(self, i: int, seed: int) -> None:
         if self.first is None:
@@ -135,7 +135,7 @@ class _Run:
         if self.after_first is not None:  # the second row: what did the first draw from?
             now = States.now()
             self.python = now.random != self.after_first.random
-            self.numpy = not _same_numpy(now.numpy, self.after_first.numpy)
+            self.numpy = not same_numpy(now.numpy, self.after_first.numpy)
             self.after_first, self.unseeded = None, now
         torch.random.default_generator.manual_seed(seed)
         if self.python:
@@ -145,14 +145,14 @@ class _Run:
 
     def check(self) -> None:
         """A generator left unseeded after the first row must not have moved since."""
-        unseeded = getattr(self, "unseeded", None)
+        unseeded = self.unseeded
         if unseeded is None:
             return
         now = States.now()
         moved = []
         if not self.python and now.random != unseeded.random:
             moved.append("Python's random")
-        if not self.numpy and not _same_numpy(now.numpy, unseeded.numpy):
+        if not self.numpy and not same_numpy(now.numpy, unseeded.numpy):
             moved.append("numpy's global generator")
         if moved:
             raise RuntimeError(
@@ -168,9 +168,3 @@ def _seed_all(seed: int) -> None:
     random.seed(seed)
     if (np := sys.modules.get("numpy")) is not None:
         np.random.seed(seed % 2**32)  # numpy's legacy seeds are 32-bit
-
-
-def _same_numpy(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is b
-    return bool(a[0] == b[0] and (a[1] == b[1]).all() and a[2:] == b[2:])

@@ -87,9 +87,7 @@ class Work:
         """The batch's job, for ``ex``'s workers to run."""
         check_fn(self.fn, None, "map_rows", "batch")
         options, place = self._next(len(rows))
-        batch = _batch.start(self.bound, rows, options, ex)
-        batch.place = place
-        return batch
+        return _batch.start(self.bound, rows, options, ex, place)
 
     def finish(self, batch: _batch.Batch, result: Any, ex: Executor) -> Any:
         """The batch's result, once ``ex``'s workers made its output."""
