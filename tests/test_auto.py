@@ -189,7 +189,7 @@ def test_processes_start_after_a_few_batches_in_a_pool(monkeypatch):
     monkeypatch.setattr(
         ProcessesModel,
         "start_cost",
-        classmethod(lambda cls, ex: 0.3 if not ex.engine.started else started(ex)),
+        classmethod(lambda cls, ex: 0.3 if not ex.engine.pids else started(ex)),
     )
     x = torch.arange(64.0).view(64, 1)
     with prep.Pool("auto", workers=2) as pool:
@@ -273,7 +273,7 @@ def test_with_the_forkserver_up_a_pool_starts_during_the_first_batch(monkeypatch
     monkeypatch.setattr(
         ProcessesModel,
         "start_cost",
-        classmethod(lambda cls, ex: 0.001 if not ex.engine.started else started(ex)),
+        classmethod(lambda cls, ex: 0.001 if not ex.engine.pids else started(ex)),
     )
     x = torch.arange(48.0).view(48, 1)
     with prep.Pool("auto", workers=2) as pool:

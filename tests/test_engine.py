@@ -182,17 +182,17 @@ def test_prep_forkserver_ends_without_finalizing_torch():
 
 
 def test_row_costs_cut_a_batch_into_as_many_parts_as_pay_for_their_messages():
-    from prep.executors import PART_WORK, RowCosts
+    from prep.executors import PART_WORK, Known
 
-    costs = RowCosts()
-    assert costs.parts("f", 64, 4) == 4  # never timed: one part per worker
-    costs.keep("f", busy=PART_WORK / 100, rows=10)  # a thousandth of PART_WORK a row
-    assert costs.parts("f", 64, 4) == 1  # 64 rows: 0.064 PART_WORK, one part
-    assert costs.parts("f", 2000, 4) == 2  # 2 PART_WORK: two parts
-    assert costs.parts("f", 100_000, 4) == 4  # never more than the workers
-    costs.keep("f", busy=PART_WORK, rows=1)  # the newest batch counts
-    assert costs.parts("f", 3, 4) == 3
-    assert costs.parts("g", 3, 4) == 4  # another function: its own figure
+    f, g = Known("f", shared=True), Known("g", shared=True)
+    assert f.parts(64, 4) == 4  # never timed: one part per worker
+    f.timed(busy=PART_WORK / 100, rows=10)  # a thousandth of PART_WORK a row
+    assert f.parts(64, 4) == 1  # 64 rows: 0.064 PART_WORK, one part
+    assert f.parts(2000, 4) == 2  # 2 PART_WORK: two parts
+    assert f.parts(100_000, 4) == 4  # never more than the workers
+    f.timed(busy=PART_WORK, rows=1)  # the newest batch counts
+    assert f.parts(3, 4) == 3
+    assert g.parts(3, 4) == 4  # another function: its own figure
 
 
 # a worker's pid is not serial's: the check of other interpreters says so, as it must
@@ -203,9 +203,9 @@ def test_map_rows_on_processes_sends_light_rows_whole_to_one_worker(no_leaks, pe
     x = torch.arange(32.0).view(16, 2)
     with prep.Pool("processes", workers=2) as pool:
         ex = pool._get("processes")
-        key = ex.engine.prepare(pid_row)
+        known = ex.engine.prepare(pid_row)
         for _ in range(3):
-            ex.engine.costs.keep(key, busy=per_row * 16, rows=16)
+            known.timed(busy=per_row * 16, rows=16)
             out = pool.map_rows(pid_row, x)
             assert torch.equal(out[:, :2], x)
             assert len(worker_pids(out)) == parts
@@ -225,8 +225,8 @@ def test_a_function_that_travels_by_name_is_pickled_once_and_a_closure_each_batc
         return row * scale
 
     fns = _lanes.Functions()
-    keys = {fns.add(f) for f in [torch.neg, pid_row, torch.neg, pid_row]}
+    keys = {fns.add(f).key for f in [torch.neg, pid_row, torch.neg, pid_row]}
     assert pickled == [torch.neg, pid_row] and len(keys) == 2
-    first = fns.add(closure)
+    first = fns.add(closure).key
     scale.fill_(3.0)  # what it captures changed: the workers must see the new value
-    assert fns.add(closure) != first and pickled[2:] == [closure, closure]
+    assert fns.add(closure).key != first and pickled[2:] == [closure, closure]

@@ -19,7 +19,7 @@ import prep
 from prep.core.output import Output
 from prep.core.policy import RAISE
 from prep.core.rows import rows_of
-from prep.executors import Parts
+from prep.executors import Part, Parts
 from prep.executors._batches import ProcessBatches
 from prep.executors._messages import Chunk, Done
 from prep.stream.strategy import StrategyPlan
@@ -89,13 +89,14 @@ def test_the_output_is_written_in_place_once_its_shape_is_known(executor, spied,
 @pytest.mark.timeout(120)
 def test_a_shape_that_changes_mid_stream_is_learnt_again(spied, monkeypatch, no_leaks):
     sent: list[int] = []
-    real = ProcessBatches.submit_parts
+    real = ProcessBatches.submit
 
-    def submit_parts(self, key, rows, *args):  # type: ignore[no-untyped-def]
-        sent.append(len(rows))
-        return real(self, key, rows, *args)
+    def submit(self, units):  # type: ignore[no-untyped-def]
+        if isinstance(units, list) and isinstance(units[0], Part):
+            sent.append(len(units[0].rows))  # a batch's parts, submitted together
+        return real(self, units)
 
-    monkeypatch.setattr(ProcessBatches, "submit_parts", submit_parts)
+    monkeypatch.setattr(ProcessBatches, "submit", submit)
     batches = [wide_batch(k) for k in range(6)]
     with prep.Pool("processes", workers=2) as pool:
         outs = list(pool.imap(wider_from_batch_3, batches, strategy="split", prefetch=1))
@@ -138,10 +139,11 @@ def test_the_lowest_failing_row_of_all_parts_is_raised(executor, wide):
 def test_each_worker_gets_one_part_of_a_batch_and_the_loan_comes_back(no_leaks):
     workers = ProcessBatches(2)
     try:
-        key = workers.prepare(rowfns.affine)
+        key = workers.prepare(rowfns.affine).key
         rows = rows_of(wide_batch(0, rows=512))  # its column is lent from the ring
-        tickets = workers.submit_parts(key, rows, RAISE, None, [(0, 256), (256, 512)])
-        assert [t.part for t in tickets] == [(0, 256), (256, 512)]
+        halves = [(0, 256), (256, 512)]
+        tickets = workers.submit([Part(key, rows, RAISE, None, b) for b in halves])
+        assert [t.bounds() for t in tickets] == halves
         assert tickets[0].lane is not tickets[1].lane
         assert not workers._ring._idle  # lent, until every part is settled
         tickets[0].result()
@@ -149,7 +151,7 @@ def test_each_worker_gets_one_part_of_a_batch_and_the_loan_comes_back(no_leaks):
         tickets[1].result()
         assert len(workers._ring._idle) == 1  # the one buffer, back once
         for t in tickets:
-            start, stop = t.part
+            start, stop = t.bounds()
             out = t.reply.output  # each part is a chunk of the batch, in batch row numbers
             assert out.first_row == start
             assert torch.equal(out.buffers[0], wide_batch(0, rows=512)[start:stop] * 2 + 1)
@@ -161,11 +163,10 @@ def test_each_worker_gets_one_part_of_a_batch_and_the_loan_comes_back(no_leaks):
 def test_a_part_in_place_writes_the_batchs_own_output(no_leaks):
     workers = ProcessBatches(2)
     try:
-        key = workers.prepare(rowfns.affine)
-        b = wide_batch(0, rows=64)
+        key, b = workers.prepare(rowfns.affine).key, wide_batch(0, rows=64)
         into = Output.allocate(b[0], 64, shared=True)
-        fn = functools.partial(workers.submit_parts, key, rows_of(b), RAISE, None)
-        tickets = fn([(0, 32), (32, 64)], into)
+        part = functools.partial(Part, key, rows_of(b), RAISE, None)
+        tickets = workers.submit([part((0, 32), into), part((32, 64), into)])
         for t in tickets:
             assert t.result() == (None, {}) and isinstance(t.reply, Done)
         assert torch.equal(into.buffers[0], b * 2 + 1)
@@ -215,10 +216,11 @@ def test_threads_take_parts_from_one_queue_and_build_them_as_processes_do():
     try:
         b = wide_batch(0, rows=64)
         halves = [(0, 32), (32, 64)]
-        tickets = workers.submit_parts(rowfns.affine, rows_of(b), RAISE, None, halves)
+        key = workers.prepare(rowfns.affine).key
+        tickets = workers.submit([Part(key, rows_of(b), RAISE, None, h) for h in halves])
         for t in tickets:
             out, errors = t.result()
-            start, stop = t.part
+            start, stop = t.bounds()
             assert isinstance(t.reply, Chunk) and not errors and out.first_row == start
             assert torch.equal(out.buffers[0], b[start:stop] * 2 + 1)
             assert t.span is not None and t.span[0] <= t.span[1]  # rated as processes' parts

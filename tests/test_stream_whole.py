@@ -679,20 +679,25 @@ def test_a_batch_goes_to_the_worker_that_is_free_even_before_its_reply_is_read(t
     import functools
 
     from prep.core.policy import RAISE
-    from prep.executors._batches import ProcessBatches
+    from prep.executors import ProcessBatches, Whole
 
     release = tmp_path / "release"
     fn = functools.partial(hold_row_one_until, str(release))
     workers = ProcessBatches(2)
     try:
-        key = workers.prepare(fn)
-        policy = RAISE
-        held = workers.submit(key, prep.core.rows.rows_of(torch.ones(2, 1)), policy, None)
-        quick = workers.submit(key, prep.core.rows.rows_of(torch.zeros(2, 1)), policy, None)
+        key = workers.prepare(fn).key
+
+        def whole(x: torch.Tensor) -> Whole:
+            return Whole(key, prep.core.rows.rows_of(x), RAISE, None)
+
+        held, quick = (
+            workers.submit(whole(torch.ones(2, 1))),
+            workers.submit(whole(torch.zeros(2, 1))),
+        )
         assert held.lane is not quick.lane
         # the quick batch's reply waits in its pipe, unread: its worker is free all the same
         assert wait_until(lambda: quick.lane.worker.conn.poll())
-        after = workers.submit(key, prep.core.rows.rows_of(torch.full((2, 1), 3.0)), policy, None)
+        after = workers.submit(whole(torch.full((2, 1), 3.0)))
         assert after.wait(60) and not held.done()  # it did not queue behind the held batch
         assert torch.equal(after.result()[0].buffers[0], torch.full((2, 1), 6.0))
     finally:

@@ -25,6 +25,7 @@ from ..executors import (
     BLOCK,
     Executor,
     Job,
+    Load,
     describe_fn,
     noop_row,
     on_intra_op_threads,
@@ -133,7 +134,7 @@ class ProcessesModel(CostModel):
     def start_cost(cls, ex: Executor) -> float | None:
         """0 when it runs, the workers' start (measured here) when prep's forkserver is
         up, None before the server was measured (``warm_up``)."""
-        if ex.engine.started:
+        if len(ex.engine.pids) == ex.workers:  # every worker up
             return 0.0
         costs = start_costs()
         if not server_running() or costs.worker is None:
@@ -184,11 +185,11 @@ class ProcessesModel(CostModel):
         """Start the workers if needed and have every one load ``fn``; the seconds that
         took. Raises :class:`~prep.errors.FunctionLoadError` if a worker cannot load
         it, :class:`~prep.errors.ExecutorUnavailable` if the workers cannot start."""
-        key = ex.engine.prepare(fn)
+        key = ex.engine.prepare(fn).key
         t = time.perf_counter()
         limit = LOAD_TIMEOUT if timeout is None else max(0.0, timeout)
         errors = []
-        for ticket in ex.engine.load(key, limit):
+        for ticket in ex.engine.submit([Load(key, limit) for _ in range(ex.workers)]):
             try:
                 ticket.result()
             except (BatchTimeout, WorkerCrashed, FunctionLoadError) as exc:

@@ -21,16 +21,16 @@ from ._base import (
     threads_per_worker,
 )
 from ._batch_threads import ThreadBatches
-from ._batches import ProcessBatches
+from ._batches import ProcessBatches, starts_at_once
 from ._chunks import ChunkMerge
 from ._daemons import on_intra_op_threads
 from ._fdpipe import INLINE
 from ._job import BLOCK, Job
 from ._messages import Chunk
 from ._parts import Parts
-from ._shapes import PART_WORK, RowCosts, Shapes
+from ._shapes import PART_WORK, Known
 from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
-from ._ticket import Ticket
+from ._ticket import Call, Load, Part, Ticket, Whole, wait_any
 from ._transport import describe_fn, pickle_fn, shm_fits, shm_free
 from ._worker import identity as noop_row
 from .joblib_loky import JoblibExecutor
@@ -63,18 +63,21 @@ __all__ = [
     "BLOCK",
     "INLINE",
     "REGISTRY",
+    "Call",
     "Chunk",
     "ChunkMerge",
     "Executor",
     "Job",
+    "Known",
+    "Load",
     "ProcessBatches",
     "PART_WORK",
+    "Part",
     "Parts",
-    "RowCosts",
-    "Shapes",
     "ThreadBatches",
     "Ticket",
     "Traits",
+    "Whole",
     "available_cores",
     "copy_rows",
     "describe_fn",
@@ -91,8 +94,10 @@ __all__ = [
     "split",
     "start_costs",
     "start_method",
+    "starts_at_once",
     "threads_per_worker",
     "traits_of",
     "vmap_of",
+    "wait_any",
     "warm_up",
 ]

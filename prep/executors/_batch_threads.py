@@ -15,17 +15,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, overload
 
-from ..core.output import Output
-from ..core.policy import Policy
-from ..core.rows import Rows
+from .._kept import keep_newest
 from ._base import threads_per_worker
 from ._daemons import DaemonThreads, own_intra_op_threads
 from ._job import Job
 from ._messages import Chunk, Done, Failure
-from ._shapes import Shapes
-from ._ticket import Ticket, value_of
+from ._shapes import FUNCTIONS, Known
+from ._ticket import Part, Ticket, Unit, Whole, value_of
 from ._worker import run_chunk, write_rows
 
 __all__ = ["ThreadBatches"]
@@ -58,13 +56,15 @@ class _Thread(threading.Thread):
 def _build(ticket: Ticket) -> None:
     """The whole batch, serially, in this thread; its value or error into the ticket."""
     ticket.started = time.monotonic()
-    if ticket.kind == "part":
-        _build_part(ticket)
+    unit = ticket.unit
+    if isinstance(unit, Part):
+        _build_part(ticket, unit)
         return
-    job = Job.new(ticket.fn, ticket.rows, timeout=ticket.timeout, policy=ticket.policy)
+    assert isinstance(unit, Whole), "threads build rows"
+    job = Job.new(unit.key, unit.rows, timeout=unit.timeout, policy=unit.policy)
     try:
         with ticket.modes():  # the caller's grad and inference modes
-            job.run_range(0, len(ticket.rows))
+            job.run_range(0, len(unit.rows))
     except BaseException as exc:  # raised where the stream takes the result
         ticket.resolve(error=exc)
         return
@@ -72,33 +72,33 @@ def _build(ticket: Ticket) -> None:
     ticket.resolve((job.sink.output, dict(job.sink.failures.errors)))
 
 
-def _build_part(ticket: Ticket) -> None:
+def _build_part(ticket: Ticket, part: Part) -> None:
     """A part of a batch, replied as a worker process replies (``Ticket.reply``): its
     rows as a chunk of the batch, or written into the batch's output (``into``)."""
-    assert ticket.started is not None
-    start, stop = ticket.bounds()
+    assert ticket.started is not None and ticket.rows is not None
+    (start, stop), fn, rows = part.bounds, part.key, ticket.rows
     with ticket.modes():  # the caller's grad and inference modes
         reply: Done | Chunk | Failure
-        if ticket.into is not None:
-            reply = write_rows(ticket.fn, ticket.rows, ticket.into, start, stop, live=True)
+        if part.into is not None:
+            reply = write_rows(fn, rows, part.into, start, stop, live=True)
         else:
-            policy = ticket.policy
-            reply = run_chunk(ticket.fn, ticket.rows, start, stop, policy=policy, live=True)
+            reply = run_chunk(fn, rows, start, stop, policy=part.policy, live=True)
     ended = time.monotonic()
     ticket.busy, ticket.span, ticket.reply = ended - ticket.started, (ticket.started, ended), reply
-    ticket.resolve(*value_of(reply, ticket.fn))
+    ticket.resolve(*value_of(reply, fn))
 
 
 class ThreadBatches(DaemonThreads[Ticket]):
-    """Threads that each build whole batches, taken from one queue in order."""
+    """Threads that each build whole batches or parts of batches, taken from one queue
+    in order: ``submit(unit) -> Ticket``."""
 
     name = "threads"
-    other_processes = False
 
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
         self._made = 0
-        self.shapes = Shapes()  # each function's last output shape (``_shapes``)
+        #: each function's record (``_shapes.Known``), by its id (the function held here)
+        self._known: dict[int, tuple[Any, Known]] = {}
 
     def _ensure_started(self) -> None:
         with self._lock:
@@ -117,60 +117,55 @@ class ThreadBatches(DaemonThreads[Ticket]):
         for t in new:
             t.ready.wait()
 
-    def ready(self) -> bool:
-        return True  # threads start at once
+    def prepare(self, fn: Any) -> Known:
+        """The record of ``fn`` here; threads share the function itself (its key)."""
+        held = self._known.get(id(fn))
+        if held is not None and held[0] is fn:
+            return held[1]
+        known = Known(fn, shared=False)
+        keep_newest(self._known, id(fn), (fn, known), FUNCTIONS)
+        return known
 
-    def prepare(self, fn: Any) -> Any:
-        return fn  # threads share the function itself
+    @overload
+    def submit(self, units: Unit) -> Ticket: ...
+    @overload
+    def submit(self, units: list[Unit]) -> list[Ticket]: ...
 
-    def submit(self, key: Any, rows: Rows, policy: Policy, timeout: float | None) -> Ticket:
-        ticket = Ticket(self, rows, policy, timeout)
-        ticket.fn = key
-        self._ensure_started()
-        self._tasks.put(ticket)
-        return ticket
-
-    def submit_parts(
-        self,
-        key: Any,
-        rows: Rows,
-        policy: Policy,
-        timeout: float | None,
-        bounds: list[tuple[int, int]],
-        into: Output | None = None,
-    ) -> list[Ticket]:
-        """Rows ``bounds`` of the batch, a ticket each, on the one queue: a thread that
-        finishes its part takes the next one at once, of this batch or the next (no
-        barrier). Each is built as a worker process builds a part
-        (``ProcessBatches.submit_parts``)."""
-        tickets = [Ticket.part_of(self, key, rows, rows, b, policy, timeout) for b in bounds]
+    def submit(self, units: Unit | list[Unit]) -> Ticket | list[Ticket]:
+        """A ticket for each unit (a ``Whole`` batch or a ``Part``), on the one queue: a
+        thread that finishes one takes the next at once, of this batch or the next (no
+        barrier). A part is built as a worker process builds one."""
+        listed: list[Unit] = units if isinstance(units, list) else [units]
+        tickets = [Ticket(unit, self._pump, self._abandon) for unit in listed]
+        if not all(isinstance(unit, (Whole, Part)) for unit in listed):
+            raise TypeError("threads build rows: submit Whole or Part units")
         self._ensure_started()
         for ticket in tickets:
-            ticket.fn, ticket.into = key, into
             self._tasks.put(ticket)
-        return tickets
+        return tickets if isinstance(units, list) else tickets[0]
 
-    def abandon(self, tickets: list[Ticket]) -> None:
+    def _abandon(self, tickets: list[Ticket]) -> None:
         for ticket in tickets:  # those not started are dropped; one that runs finishes alone
             ticket.cancel()
 
-    def pump(self, ticket: Ticket, timeout: float | None) -> bool:
+    def _pump(self, ticket: Ticket | None, timeout: float | None) -> bool:
+        assert ticket is not None, "a thread's ticket is waited for itself"
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             now = time.monotonic()
             left = ticket.left(now)
             if left is not None and left <= 0 and not ticket.done():
-                self._abandon(ticket)
+                self._give_up(ticket)
                 return True
             waits = [x for x in (left, None if end is None else end - now) if x is not None]
-            if ticket.timeout is not None and left is None:
+            if ticket.unit.timeout is not None and left is None:
                 waits.append(POLL)  # not started yet: look again at its deadline soon
             if ticket.settled(max(0.0, min(waits)) if waits else None):
                 return True
             if end is not None and time.monotonic() >= end:
                 return False
 
-    def _abandon(self, ticket: Ticket) -> None:
+    def _give_up(self, ticket: Ticket) -> None:
         """The batch is past its deadline: its thread retires, a fresh one serves."""
         with self._lock:
             for t in self._threads:

@@ -25,7 +25,7 @@ worker in its place, so a failure in one batch never touches another.
 The deadline of a batch counts from when its worker could start it: when the
 batch was sent to an idle worker, else when its worker's previous reply was read.
 
-A stream's split batches use the same workers (:meth:`submit_parts`): one part
+A stream's split batches use the same workers (``Part`` units): one part
 of each batch per worker, each part a ticket of its own, so a worker that
 finishes its part of batch k starts its part of batch k+1 at once.
 
@@ -40,61 +40,80 @@ from __future__ import annotations
 import itertools
 import time
 from multiprocessing import connection
-from typing import Any
+from typing import Any, overload
 
-from ..core.output import Output
-from ..core.policy import Policy
-from ..core.rows import Rows
 from . import _fdpipe, _spawn
 from ._base import threads_per_worker
 from ._lanes import Functions, Lane, Lanes, check_on_cpu
 from ._messages import Reply
 from ._ring import Ring
-from ._shapes import RowCosts, Shapes
-from ._ticket import Ticket, value_of
+from ._shapes import Known
+from ._ticket import Part, Ticket, Unit, Whole, value_of
 
-__all__ = ["ProcessBatches"]
+__all__ = ["ProcessBatches", "starts_at_once"]
 
 
 class ProcessBatches:
     """Worker processes that each build whole batches, parts of batches or whole units
-    (see the module docstring): ``submit -> Ticket``."""
+    (see the module docstring): ``submit(unit) -> Ticket``."""
 
     name = "processes"
-    other_processes = True
 
     def __init__(self, workers: int, *, fork: bool = False) -> None:
         """``workers`` processes, the cores shared out as their torch threads; ``fork``:
-        forked from here while that is safe (:func:`_spawn.fork_is_safe`), else from
-        prep's forkserver."""
+        forked from here now, while that is safe (:func:`_spawn.fork_is_safe`: a
+        process with no other thread), else started on first use from prep's
+        forkserver."""
         self.workers = workers
-        self.threads = threads_per_worker(workers)
         self._fns = Functions()
-        self._lanes = Lanes(workers, self.threads, fork, self._fns)
+        self._lanes = Lanes(workers, threads_per_worker(workers), fork, self._fns)
         self._lock = self._lanes.lock
         self._ring = Ring(keep=4 * workers)
-        self.shapes = Shapes()  # each function's last output shape (``_shapes``)
-        self.costs = RowCosts()  # what a row of each function costs a worker
-
-    # ------------------------------------------------------------ lifecycle
-
-    def start(self) -> None:  # every worker now (else the first submit starts them)
-        with self._lock:
-            self._lanes.ensure_started()
+        if fork and _spawn.fork_is_safe():
+            with self._lock:
+                self._lanes.ensure_started()
 
     @property
     def pids(self) -> list[int]:
-        return [pid for lane in self._lanes.all if (pid := lane.worker.proc.pid)]
-
-    @property
-    def started(self) -> bool:  # every worker up (not necessarily ready)
+        """The live workers' process ids (none before the first unit, or after close)."""
         lanes = self._lanes.all
-        return len(lanes) == self.workers and all(x.worker.proc.is_alive() for x in lanes)
+        return [pid for x in lanes if (pid := x.worker.proc.pid) and x.worker.proc.is_alive()]
 
-    def close(self, now: bool = False) -> None:
-        """Stop every worker (:meth:`Lanes.close`); safe to call several times."""
-        self._lanes.close(now)
-        self._ring.clear()
+    def prepare(self, fn: Any) -> Known:
+        """The record of ``fn`` here: the key its units name it by, what was learned of it
+        (``_shapes.Known``)."""
+        with self._lock:
+            return self._fns.add(fn)
+
+    @overload
+    def submit(self, units: Unit) -> Ticket: ...
+    @overload
+    def submit(self, units: list[Unit]) -> list[Ticket]: ...
+
+    def submit(self, units: Unit | list[Unit]) -> Ticket | list[Ticket]:
+        """A ticket for the unit, or for each of a list of them, dealt to the workers in
+        turn, the freest first (:meth:`Lane.load`): a worker then has one part of a batch,
+        one load each, and a unit alone goes to the worker likely to be free first. The
+        parts of one batch (``Part`` units sharing ``rows``) send its tensors once, in
+        one loan from the ring."""
+        many = isinstance(units, list)
+        listed: list[Unit] = units if isinstance(units, list) else [units]
+        tickets = [Ticket(unit, self._pump, self._abandon) for unit in listed]
+        rows = [t.unit.rows for t in tickets if isinstance(t.unit, (Whole, Part))]
+        if rows:
+            assert all(r is rows[0] for r in rows), "the rows units of one submit are one batch's"
+            check_on_cpu(rows[0])
+            wire, loan = self._ring.loan(rows[0], len(rows))
+            for ticket in tickets:
+                ticket.wire = wire if ticket.rows is rows[0] else wire.window(*ticket.bounds())
+                ticket.on_settled = loan and loan.settled
+        with self._lock:
+            lanes = self._lanes.ensure_started()
+            self._read_ready()
+            order = sorted(lanes, key=Lane.load)
+            for lane, ticket in zip(itertools.cycle(order), tickets):
+                self._lanes.send(lane, ticket)
+        return tickets if many else tickets[0]
 
     def release(self) -> bool:
         """:meth:`close` if workers are up and none holds a unit; True if it did."""
@@ -103,73 +122,12 @@ class ProcessBatches:
                 self.close()
         return idle
 
-    def ready(self) -> bool:
-        """Whether workers start without waiting for prep's forkserver (else it starts)."""
-        if self._lanes.all or (_spawn.server_running() and _spawn.start_costs().worker is not None):
-            return True
-        _spawn.warm_up()
-        return False
+    def close(self, now: bool = False) -> None:
+        """Stop every worker (:meth:`Lanes.close`); safe to call several times."""
+        self._lanes.close(now)
+        self._ring.clear()
 
-    # ------------------------------------------------------------ submitting
-
-    def prepare(self, fn: Any) -> str:  # the key fn travels under (Functions.add)
-        with self._lock:
-            return self._fns.add(fn)
-
-    def submit(self, key: str, rows: Rows, policy: Policy, timeout: float | None) -> Ticket:
-        """The whole batch to the worker likely to be free first (:meth:`Lane.freest`)."""
-        return self.submit_parts(key, rows, policy, timeout, [(0, len(rows))])[0]
-
-    def submit_parts(
-        self,
-        key: str,
-        rows: Rows,
-        policy: Policy,
-        timeout: float | None,
-        bounds: list[tuple[int, int]],
-        into: Output | None = None,
-    ) -> list[Ticket]:
-        """Rows ``bounds`` of the batch (batch row numbers), a ticket each, dealt to the
-        workers in turn, the freest first; each replies with its rows as a chunk
-        (``Ticket.reply``) or, given ``into`` (the batch's shared output), writes them
-        there. The tensors travel once, in one loan from the ring; each part has the
-        batch's ``timeout``. A range of every row is the whole batch (no part)."""
-        check_on_cpu(rows)
-        wire, loan = self._ring.loan(rows, len(bounds))
-        tickets = [Ticket.part_of(self, key, rows, wire, b, policy, timeout) for b in bounds]
-        for ticket in tickets:
-            ticket.into, ticket.on_settled = into, loan and loan.settled
-        with self._lock:
-            lanes = self._lanes.ensure_started()
-            self._read_ready()
-            # parts dealt in turn, the first to the freest: every worker has one part of
-            # each batch, so none runs out of work while another holds two of them
-            order = sorted(lanes, key=Lane.load)
-            for lane, ticket in zip(itertools.cycle(order), tickets):
-                self._lanes.send(lane, ticket)
-        return tickets
-
-    def submit_call(self, key: str, args: tuple[Any, ...], what: str) -> Ticket:
-        """``key``'s function called on ``args`` by the freest worker, which does all of
-        the unit's work (``prep run``'s shard: load, compute, save); ``what`` names it."""
-        ticket = Ticket.call(self, key, args, what)
-        with self._lock:
-            lanes = self._lanes.ensure_started()
-            self._read_ready()
-            self._lanes.send(Lane.freest(lanes), ticket)
-        return ticket
-
-    def load(self, key: str, timeout: float) -> list[Ticket]:
-        """Every worker loads the function under ``key`` (:meth:`prepare`): a ticket each,
-        done once it holds it (its error: why it could not load it)."""
-        with self._lock:
-            lanes = self._lanes.ensure_started()
-            tickets = [Ticket.load(self, key, timeout) for _ in lanes]
-            for lane, ticket in zip(lanes, tickets):
-                self._lanes.send(lane, ticket)
-        return tickets
-
-    def abandon(self, tickets: list[Ticket]) -> None:
+    def _abandon(self, tickets: list[Ticket]) -> None:
         self._lanes.abandon(tickets)  # nobody will wait for them (Ctrl-C)
 
     # ------------------------------------------------------------ waiting
@@ -192,8 +150,12 @@ class ProcessBatches:
         self._receive(lane, msg, time.perf_counter() - t)
         return True
 
-    def pump(self, ticket: Ticket, timeout: float | None) -> bool:
-        """Read replies until ``ticket`` is done or ``timeout`` seconds have passed."""
+    def _pump(self, ticket: Ticket | None, timeout: float | None) -> bool:
+        """Read replies until ``ticket`` is done or ``timeout`` seconds have passed (no
+        ticket: every worker's, until one is done, :meth:`_pump_any`)."""
+        if ticket is None:
+            self._pump_any(timeout)
+            return True
         end = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while not ticket.done():
@@ -215,7 +177,7 @@ class ProcessBatches:
                     return False
             return True
 
-    def pump_any(self, timeout: float | None) -> None:
+    def _pump_any(self, timeout: float | None) -> None:
         """Read every worker's replies, waiting up to ``timeout`` s for the first (``prep
         run`` takes each shard as it lands); the wait holds no lock."""
         with self._lock:
@@ -250,8 +212,19 @@ class ProcessBatches:
         ticket.busy, ticket.transfer = (t1 - t0 if t1 else None), transfer
         ticket.span = (t0, t1) if t1 else None
         ticket.reply = reply
-        value, error = value_of(reply, self._fns.fn(ticket.key))
+        value, error = value_of(reply, self._fns.fn(ticket.unit.key))
         ticket.resolve(value, error)
 
     def __repr__(self) -> str:
         return f"<ProcessBatches workers={self.workers}>"
+
+
+def starts_at_once(engine: Any) -> bool:
+    """Whether ``engine``'s workers take a unit without waiting: threads do, worker
+    processes once up or once prep's forkserver is (which this starts otherwise)."""
+    if not isinstance(engine, ProcessBatches) or engine.pids:
+        return True
+    if _spawn.server_running() and _spawn.start_costs().worker is not None:
+        return True
+    _spawn.warm_up()
+    return False

@@ -21,7 +21,7 @@ from ..errors import RowError, StackError, WorkerCrashed
 from ._base import first_error
 from ._job import Job
 from ._messages import Chunk
-from ._ticket import Ticket
+from ._ticket import Ticket, abandon
 from ._worker import error_from_reply
 
 __all__ = ["ChunkMerge", "gather"]
@@ -128,14 +128,13 @@ def gather(
     job: Job,
     pending: list[Ticket],
     into: Output | None,
-    abandon: Callable[[list[Ticket]], None],
     crashed: Callable[[Ticket, WorkerCrashed], list[Ticket] | None] = lambda t, e: None,
 ) -> None:
     """Wait for a batch's parts, in row order: each merged into ``job.sink`` (or, given
     ``into``, already written there), the progress bar advanced; once every part is
     back, the lowest row's error raised (serial's first). ``crashed(ticket, exc)``: the
     parts to wait for instead of one whose worker died (crash isolation), or None for
-    the crash to be its error. ``abandon(pending)`` on Ctrl-C while waiting."""
+    the crash to be its error. The parts still out are abandoned on Ctrl-C while waiting."""
     merge = ChunkMerge(job) if into is None else None
     errors: list[BaseException] = []
     try:
@@ -159,7 +158,7 @@ def gather(
             start, stop = ticket.bounds()
             job.sink.advance(stop - start)
     except BaseException:  # Ctrl-C while waiting: the parts still out are dropped
-        abandon(pending)
+        abandon(pending)  # their workers freed (``Ticket``)
         raise
     if errors:
         raise first_error(errors)

@@ -24,13 +24,14 @@ from .._kept import keep_newest
 from ..core.rows import Rows
 from ..errors import ConfigError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn
+from . import _messages as m
 from ._context import Context, Follower
 from ._handles import Worker
-from ._messages import Build, Call, Close, Follow, Function, Load
-from ._ticket import Ticket
+from ._shapes import FUNCTIONS, Known
+from ._ticket import Call, Load, Part, Ticket
 from ._transport import pickle_fn
 
-__all__ = ["FUNCTIONS", "Functions", "Lane", "Lanes", "check_on_cpu"]
+__all__ = ["Functions", "Lane", "Lanes", "check_on_cpu"]
 
 
 def check_on_cpu(rows: Rows) -> None:
@@ -66,23 +67,25 @@ class Lane:
         """``ticket`` to this lane's worker, numbered ``seq``; first the caller's
         ``context`` if the worker's differs (:mod:`._context`), and its function (its
         pickled bytes, ``blob(key)``) if the worker has not had it."""
-        key, conn = ticket.key, self.worker.conn
+        unit, conn = ticket.unit, self.worker.conn
+        key = unit.key
         if self.context is not context:
-            _fdpipe.send(conn, Follow(context))
+            _fdpipe.send(conn, m.Follow(context))
             self.context = context
         if key not in self.keys:
-            _fdpipe.send(conn, Function(key, blob(key)))
+            _fdpipe.send(conn, m.Function(key, blob(key)))
             self.keys[key] = None
             while len(self.keys) > _batch_worker.KEEP:  # the worker forgets its oldest
                 del self.keys[next(iter(self.keys))]
         ticket.lane, ticket.seq = self, seq
-        if ticket.kind == "call":
-            _fdpipe.send(conn, Call(seq, key, ticket.args or ()))
-        elif ticket.kind == "load":
-            _fdpipe.send(conn, Load(seq, key))
+        if isinstance(unit, Call):
+            _fdpipe.send(conn, m.Call(seq, key, unit.args))
+        elif isinstance(unit, Load):
+            _fdpipe.send(conn, m.Load(seq, key))
         else:
             rows = ticket.wire if ticket.wire is not None else ticket.rows
-            _fdpipe.send(conn, Build(seq, key, rows, ticket.policy, ticket.into))
+            into = unit.into if isinstance(unit, Part) else None
+            _fdpipe.send(conn, m.Build(seq, key, rows, unit.policy, into))
         if not self.tickets:
             ticket.started = time.monotonic()
         self.tickets.append(ticket)
@@ -107,11 +110,6 @@ class Lane:
         return min(lanes, key=Lane.load)
 
 
-#: row functions the parent keeps pickled, the latest used (a worker keeps fewer, and is
-#: sent one again when it needs it: a stream's function must not go while it runs)
-FUNCTIONS = 64
-
-
 def travels_by_name(fn: Any) -> bool:
     """Whether cloudpickle sends ``fn`` as its module and name alone: a builtin, or a
     function the workers import (not one of ``__main__``, a lambda or a closure)."""
@@ -127,37 +125,42 @@ def travels_by_name(fn: Any) -> bool:
 
 
 class Functions:
-    """The row functions the workers are sent, pickled once each, by key."""
+    """The row functions the workers are sent, pickled once each, by key, each with its
+    record (:class:`~._shapes.Known`)."""
 
     def __init__(self) -> None:
-        self._by_key: dict[str, tuple[Any, bytes]] = {}
+        self._by_key: dict[str, tuple[Any, bytes, Known]] = {}
         #: the key of each function that travels by name, by its id (it is held here)
         self._named: dict[int, tuple[Any, str]] = {}
 
-    def add(self, fn: Any) -> str:
-        """The key under which ``fn`` travels (pickled here, once: a stream's batches
-        all use the function as it was when the stream began). A function that travels
-        by name (a builtin, a module's function) is pickled once: its bytes cannot
-        change. Any other (a closure, a function of ``__main__``) is pickled each time,
-        so that the workers see its globals and captures as the caller has them now."""
+    def add(self, fn: Any) -> Known:
+        """The record of ``fn``, under the key it travels by (pickled here, once: a
+        stream's batches all use the function as it was when the stream began). A
+        function that travels by name (a builtin, a module's function) is pickled once:
+        its bytes cannot change. Any other (a closure, a function of ``__main__``) is
+        pickled each time, so that the workers see its globals and captures as the
+        caller has them now; the same bytes are the same record."""
         named = self._named.get(id(fn))
         if named is not None and named[0] is fn and named[1] in self._by_key:
             key = named[1]
             keep_newest(self._by_key, key, self._by_key[key], FUNCTIONS)
-            return key
+            return self._by_key[key][2]
         blob = pickle_fn(fn)
         key = hashlib.sha1(blob).hexdigest()
         if travels_by_name(fn):
             keep_newest(self._named, id(fn), (fn, key), FUNCTIONS)
-        keep_newest(self._by_key, key, (fn, blob), FUNCTIONS)
-        return key
+        old = self._by_key.get(key)
+        known = old[2] if old is not None else Known(key, shared=True)
+        keep_newest(self._by_key, key, (fn, blob, known), FUNCTIONS)
+        return known
 
     def blob(self, key: str) -> bytes:
         return self._by_key[key][1]
 
     def fn(self, key: str) -> Any:
         """The function itself (None once forgotten): for the errors about it."""
-        return self._by_key.get(key, (None, b""))[0]
+        entry = self._by_key.get(key)
+        return entry[0] if entry is not None else None
 
 
 class Lanes:
@@ -262,7 +265,7 @@ class Lanes:
             lanes, self.all = self.all, []
             for lane in lanes if not now else ():
                 with contextlib.suppress(OSError):
-                    _fdpipe.send(lane.worker.conn, Close())
+                    _fdpipe.send(lane.worker.conn, m.Close())
             for lane in lanes:
                 if not now:
                     lane.worker.proc.join(1)

@@ -25,8 +25,6 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from ..core.output import Output
-from ..core.policy import Policy
-from ..core.rows import Rows
 from ..errors import StackError, WorkerCrashed
 from ._base import copy_rows, split
 from ._chunks import gather
@@ -34,8 +32,8 @@ from ._fdpipe import INLINE
 from ._handles import how_it_ended
 from ._isolation import Isolation
 from ._job import Job
-from ._shapes import Shapes
-from ._ticket import Ticket
+from ._shapes import Known
+from ._ticket import Part, Ticket, Unit
 from ._transport import check_shm
 
 __all__ = ["Engine", "Parts"]
@@ -44,52 +42,35 @@ __all__ = ["Engine", "Parts"]
 class Engine(Protocol):
     """What :class:`Parts` uses of an engine (``ThreadBatches``, ``ProcessBatches``)."""
 
-    shapes: Shapes
-    #: the workers are other processes: an output they write must be in shared memory
-    other_processes: bool
+    def prepare(self, fn: Any) -> Known: ...
 
-    def prepare(self, fn: Any) -> Any: ...
-
-    def submit_parts(
-        self,
-        key: Any,
-        rows: Rows,
-        policy: Policy,
-        timeout: float | None,
-        bounds: list[tuple[int, int]],
-        into: Output | None = None,
-    ) -> list[Ticket]: ...
-
-    def abandon(self, tickets: list[Ticket]) -> None: ...
+    def submit(self, units: list[Unit]) -> list[Ticket]: ...
 
 
 class Parts:
     """Rows ``job.start:`` of one batch, submitted in ``parts`` ranges on ``engine``;
     :meth:`result` waits for them and fills ``job.sink``."""
 
-    def __init__(self, engine: Engine, job: Job, parts: int, key: Any = None) -> None:
+    def __init__(self, engine: Engine, job: Job, parts: int, known: Known | None = None) -> None:
         self.engine, self.job = engine, job
-        self.key = engine.prepare(job.fn) if key is None else key
+        self.known = engine.prepare(job.fn) if known is None else known
         self.given = job.sink.output  # out=, or a part of auto's that shaped the output
         self.bounds = split(job.start, len(job.rows), parts)
         self.into = self._into()
         self.tickets = self._submit(self.bounds)
         self._isolation = Isolation(job)
 
-    def _shape_key(self) -> Any:
-        return (self.key, self.job.rows.layout())
-
     def _into(self) -> Output | None:
         """Where the workers write in place: the guessed output or the given one (for
         worker processes: in shared memory, staged where it is not); None for chunks
         (rows that may differ in size or fail alone, an unknown shape, or an output
         small enough to come back inside the messages)."""
-        job, other = self.job, self.engine.other_processes
+        job, other = self.job, self.known.shared
         if not job.policy.plain:
             return None
         given = self.given
         if given is None:
-            return self.engine.shapes.guess(self._shape_key(), len(job.rows), shared=other)
+            return self.known.guess(job.rows.layout(), len(job.rows))
         if not other:
             return given
         if min(b.nbytes for b in given.buffers) <= INLINE:
@@ -100,13 +81,10 @@ class Parts:
         return given.like(shared=True)  # staging: copied into out= at the end
 
     def _submit(self, bounds: list[tuple[int, int]]) -> list[Ticket]:
-        job = self.job
-        tickets = self.engine.submit_parts(
-            self.key, job.rows, job.policy, job.remaining(), bounds, self.into
+        job, key, left = self.job, self.known.key, self.job.remaining()
+        return self.engine.submit(
+            [Part(key, job.rows, job.policy, left, b, self.into, job.timeout) for b in bounds]
         )
-        for ticket in tickets:
-            ticket.limit = job.timeout  # the batch's, as the caller gave it
-        return tickets
 
     def _crashed(self, ticket: Ticket, exc: WorkerCrashed) -> list[Ticket] | None:
         """Under fill/skip, the rows of a part whose worker died, again, each alone."""
@@ -120,23 +98,23 @@ class Parts:
     def result(self) -> Output | None:
         """The batch's output once every part is back (None: every row failed under
         fill/skip); the lowest row's error raised, as serial meets it first."""
-        job, shapes = self.job, self.engine.shapes
+        job, known, layout = self.job, self.known, self.job.rows.layout()
         try:
-            gather(job, list(self.tickets), self.into, self.engine.abandon, self._crashed)
+            gather(job, list(self.tickets), self.into, self._crashed)
         except StackError:
             if self.into is None or self.given is not None:
                 raise
             # rows unlike the last batch's: the batch again as a first batch runs, so that
             # the error names what serial names (or it is no error: its own shape)
-            shapes.forget(self._shape_key())
+            known.forget(layout)
             self.into = None
             self.tickets = self._submit(self.bounds)
-            gather(job, list(self.tickets), None, self.engine.abandon, self._crashed)
+            gather(job, list(self.tickets), None, self._crashed)
         out = job.sink.output
         if out is None:
             return None
         if job.policy.plain and self.given is None:
-            shapes.keep(self._shape_key(), out)
+            known.keep(layout, out)
         if self.given is not None and self.into is not None and self.into is not self.given:
             job.sink.output = copy_rows(self.given, self.into, job.start)
         return job.sink.output

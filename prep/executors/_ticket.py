@@ -1,11 +1,13 @@
-"""A whole batch (or a part of one) handed to a worker: the ``concurrent.futures``
-shape of a stream's batches in flight (:mod:`prep.executors._batches` for processes,
+"""A unit of work handed to a worker, and its ticket: the ``concurrent.futures`` shape
+of the batches, parts and shards in flight (:mod:`prep.executors._batches` for processes,
 :mod:`prep.executors._batch_threads` for threads)."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,18 +20,92 @@ from . import _worker
 from ._messages import CALL_ERROR, LOAD_ERROR, Chunk, Done, Loaded, Outcome, Returned
 from ._transport import describe_fn
 
-__all__ = ["Ticket", "Value", "value_of"]
+__all__ = [
+    "Call",
+    "Load",
+    "Part",
+    "Ticket",
+    "Unit",
+    "Value",
+    "Whole",
+    "abandon",
+    "value_of",
+    "wait_any",
+]
 
 Value = tuple[Output | None, dict[int, BaseException]]
 
 
-class Ticket:
-    """One whole batch handed to a worker: :meth:`wait` for it, then :meth:`result`."""
+@dataclass(frozen=True)
+class Whole:
+    """A whole batch for one worker to build with the function it knows as ``key``; its
+    value is the output and the failed rows' errors (a stream's whole strategy)."""
 
-    def __init__(self, owner: Any, rows: Rows, policy: Policy, timeout: float | None) -> None:
-        self.owner = owner
-        self.rows, self.policy, self.timeout = rows, policy, timeout
-        self.limit = timeout  # the timeout as the caller gave it, for messages
+    key: Any
+    rows: Rows
+    policy: Policy
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Part:
+    """Rows ``bounds`` of a batch (batch row numbers; ``rows``: the batch's), replied as
+    a chunk or written into ``into`` (the batch's output); ``timeout``: what is left of
+    the batch's, ``limit``: the batch's as the caller gave it (for messages)."""
+
+    key: Any
+    rows: Rows
+    policy: Policy
+    timeout: float | None
+    bounds: tuple[int, int]
+    into: Output | None = None
+    limit: float | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """The function known as ``key`` called once on ``args`` by a worker, which does all of
+    the unit's work (``prep run``'s shard); ``what`` names it for errors ("the shard
+    data/a.pt"). Its value is what the function returned, its error what it raised."""
+
+    key: Any
+    args: tuple[Any, ...]
+    what: str
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Load:
+    """A worker loads the function known as ``key`` (if it has not) and says so, so that a
+    function the workers cannot load fails before any row runs."""
+
+    key: Any
+    timeout: float | None
+    what: str = "loading the row function"
+
+
+#: what an engine takes: ``submit(unit) -> Ticket``
+Unit = Whole | Part | Call | Load
+#: an engine's wait: until the ticket is done or the seconds have passed (True if done);
+#: given no ticket, until any of its units is done
+Pump = Callable[["Ticket | None", "float | None"], bool]
+
+
+class Ticket:
+    """One unit handed to a worker (the ``concurrent.futures`` future of it): :meth:`wait`
+    for it, then :meth:`result`. ``pump`` and ``drop`` are its engine's: how to wait for
+    it, and what to do with units nobody will wait for."""
+
+    def __init__(self, unit: Unit, pump: Pump, drop: Callable[[list[Ticket]], None]) -> None:
+        self.unit = unit
+        self.rows: Rows | None = None  # the rows it builds (a part's window), if any
+        if isinstance(unit, Whole):
+            self.rows = unit.rows
+        elif isinstance(unit, Part):
+            start, stop = unit.bounds
+            whole = (start, stop) == (0, len(unit.rows))
+            self.rows = unit.rows if whole else unit.rows.window(start, stop)
+        self._pump, self._drop = pump, drop
         self.started: float | None = None  # when its worker could start it
         self.busy: float | None = None  # seconds its worker took
         # when its worker began and ended it, by time.monotonic (where not started..busy)
@@ -37,69 +113,17 @@ class Ticket:
         self.transfer = 0.0  # seconds the parent took to receive it (unpickling, mapping)
         self.crashed = False  # its worker died on it (the caller may isolate its rows)
         self.cancelled = False
-        self.fn: Any = None  # the row function itself, where it need not travel (threads)
-        self.key = ""  # the row function's, where it travels by key (processes)
         self.lane: Any = None  # the worker that holds it (processes)
         self.seq = -1  # its number on that worker's pipe (processes)
-        self.wire: Rows | None = None  # the rows as sent (in the ring's memory), if not rows
-        # rows start:stop of a batch split into parts (``rows`` is that window), else None
-        self.part: tuple[int, int] | None = None
+        self.wire: Rows | None = None  # its rows as sent (in the ring's memory), if not rows
         self.reply: Outcome | None = None  # its worker's outcome as it came
-        self.into: Output | None = None  # the batch's output its part is written into, if any
         self.on_settled: Any = None  # called once when it is settled (gives the ring back)
-        # a "call" unit (``ProcessBatches.submit_call``): the keyed function's arguments,
-        # and what it works on, for errors ("the shard data/a.pt"); None for rows
-        self.args: tuple[Any, ...] | None = None
-        self.what = ""
-        # "rows" (a whole batch), "part" (rows of a batch, replied as a chunk or written
-        # into ``into``; every row of it where ``part`` is None), "call", or "load"
-        self.kind = "rows"
         # the caller's autograd modes (grad, inference) when it submitted: a thread builds
         # under them, as serial would in the caller's own thread
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self._done = threading.Event()
         self._value: Value | None = None
         self._error: BaseException | None = None
-
-    @classmethod
-    def part_of(
-        cls,
-        owner: Any,
-        key: Any,
-        rows: Rows,
-        wire: Rows,
-        bounds: tuple[int, int],
-        policy: Policy,
-        timeout: float | None,
-    ) -> Ticket:
-        """Rows ``bounds`` of a batch (``wire``: its rows as sent), for a worker to build
-        as a chunk of that batch under ``key``'s function."""
-        start, stop = bounds
-        if (start, stop) == (0, len(rows)):  # every row: the whole batch, as it is
-            ticket = cls(owner, rows, policy, timeout)
-            ticket.key, ticket.wire, ticket.kind = key, wire, "part"
-            return ticket
-        ticket = cls(owner, rows.window(start, stop), policy, timeout)
-        ticket.key, ticket.part, ticket.wire = key, bounds, wire.window(start, stop)
-        ticket.kind = "part"
-        return ticket
-
-    @classmethod
-    def call(cls, owner: Any, key: str, args: tuple[Any, ...], what: str) -> Ticket:
-        """The function under ``key`` called once on ``args`` by a worker; its value is
-        what the function returned (a shard's manifest entry), its error what it raised."""
-        ticket = cls(owner, None, None, None)  # type: ignore[arg-type]  # no rows to build
-        ticket.key, ticket.args, ticket.what, ticket.kind = key, args, what, "call"
-        return ticket
-
-    @classmethod
-    def load(cls, owner: Any, key: str, timeout: float) -> Ticket:
-        """A worker loads the function under ``key`` (if it has not) and says so: ``prepare``
-        has every worker hold it before a batch, so that a function the workers cannot load
-        fails before any row runs."""
-        ticket = cls(owner, None, None, timeout)  # type: ignore[arg-type]  # no rows
-        ticket.key, ticket.what, ticket.kind = key, "loading the row function", "load"
-        return ticket
 
     def modes(self) -> contextlib.AbstractContextManager[Any]:
         """The caller's grad and inference modes, entered (in a worker thread) where they
@@ -118,8 +142,8 @@ class Ticket:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Whether the batch is done, after waiting up to ``timeout`` seconds for it."""
-        return self.done() or self.owner.pump(self, timeout)
+        """Whether the unit is done, after waiting up to ``timeout`` seconds for it."""
+        return self.done() or self._pump(self, timeout)
 
     def result(self) -> Value:
         """The output (None when every row failed) and the failed rows' errors; raises
@@ -155,23 +179,26 @@ class Ticket:
 
     def left(self, now: float) -> float | None:
         """Seconds before its deadline (None: no timeout, or not started)."""
-        if self.timeout is None or self.started is None:
+        if self.unit.timeout is None or self.started is None:
             return None
-        return self.timeout - (now - self.started)
+        return self.unit.timeout - (now - self.started)
 
     def bounds(self) -> tuple[int, int]:
         """The rows it holds, in batch row numbers."""
-        if self.part is not None:
-            return self.part
-        return (self.rows.offset, self.rows.offset + len(self.rows))
+        if isinstance(self.unit, Part):
+            return self.unit.bounds
+        n = len(self.rows) if self.rows is not None else 0
+        return (0, n)
 
     def describe(self) -> str:
         """What it holds, for an error: "the batch of 64 rows", or "rows 32-63 of a batch"."""
-        if self.what:
-            return self.what
-        if self.part is None:
-            return f"the batch of {len(self.rows)} rows"
-        return f"rows {self.part[0]}-{self.part[1] - 1} of a batch"
+        unit = self.unit
+        if isinstance(unit, (Call, Load)):
+            return unit.what
+        start, stop = self.bounds()
+        if isinstance(unit, Whole) or (start, stop) == (0, len(unit.rows)):
+            return f"the batch of {stop - start} rows"
+        return f"rows {start}-{stop - 1} of a batch"
 
     def worker_died(self, pid: int | None, how: str, exitcode: int | None) -> WorkerCrashed:
         """The error for the batch whose worker died on it (now :attr:`crashed`)."""
@@ -182,13 +209,27 @@ class Ticket:
             f"the OS killed the worker for memory (see dmesg). A new worker takes its place",
             pid=pid,
             exitcode=exitcode,
-            rows=self.part or (0, len(self.rows) if self.rows is not None else 0),
+            rows=self.bounds(),
         )
 
     def timed_out(self, what_now: str) -> BatchTimeout:
-        return BatchTimeout(
-            f"{self.describe()} did not finish within timeout={self.limit} s; {what_now}"
-        )
+        unit = self.unit
+        limit = unit.limit if isinstance(unit, Part) and unit.limit is not None else unit.timeout
+        what = self.describe()
+        return BatchTimeout(f"{what} did not finish within timeout={limit} s; {what_now}")
+
+
+def abandon(tickets: list[Ticket]) -> None:
+    """Nobody will wait for ``tickets`` (Ctrl-C in the caller): each is cancelled, and its
+    engine frees the workers that hold one unfinished."""
+    if tickets:
+        tickets[0]._drop(tickets)
+
+
+def wait_any(tickets: list[Ticket], timeout: float | None) -> None:
+    """Wait up to ``timeout`` seconds for any of ``tickets`` (of one engine) to be done."""
+    if tickets:
+        tickets[0]._pump(None, timeout)
 
 
 def value_of(reply: Outcome, fn: Any) -> tuple[Any, BaseException | None]:

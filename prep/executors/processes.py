@@ -16,7 +16,7 @@ their tickets, on the workers a stream keeps several batches in flight on. Each
 part costs the caller a message out, one back and a merge (0.2-0.3 ms here), so
 once a function's rows have been timed in a worker, a batch is cut into no more
 parts than carry ``PART_WORK`` (0.5 ms) of work each: light rows go whole to one
-worker (``_shapes.RowCosts``). Once a
+worker (``_shapes.Known``). Once a
 function and row layout has shown its output's shape, the next batch's output is
 made here in shared memory and each worker writes its rows in place; before that,
 and where rows may differ in size or fail on their own (``pad=``, ``on_error=``),
@@ -75,16 +75,16 @@ class ProcessExecutor(Executor):
     def run(self, job: Job) -> Output | None:
         """Rows ``job.start:`` in a part per worker (fewer for light rows, more with a
         progress bar) on the engine's workers (``_parts``)."""
-        n, costs = len(job.rows), self.engine.costs
+        n = len(job.rows)
         if job.start >= n:
             return job.sink.output
-        key = self.engine.prepare(job.fn)
+        known = self.engine.prepare(job.fn)
         if job.sink.progress is not None:
             parts = self.workers * PROGRESS_PARTS
-        else:  # light rows: fewer parts, as many as pay for their messages (``RowCosts``)
-            parts = costs.parts(key, n - job.start, self.workers)
-        batch = Parts(self.engine, job, parts, key)
+        else:  # light rows: fewer parts, as many as pay for their messages (``Known.parts``)
+            parts = known.parts(n - job.start, self.workers)
+        batch = Parts(self.engine, job, parts, known)
         out = batch.result()
         if (slowest := batch.slowest()) is not None:  # what a row costs a worker
-            costs.keep(key, *slowest)
+            known.timed(*slowest)
         return out

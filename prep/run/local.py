@@ -3,9 +3,9 @@ its rows spread out (:mod:`prep.run.plan` says which, and why).
 
     ShardBackend (whole shards)                    worker k (forked from this process)
     ───────────────────────────                    ───────────────────────────────────
-    submit: ProcessBatches.submit_call ──────────▶ run_shard_on_worker(task):
+    submit: a Call unit ─────────────────────────▶ run_shard_on_worker(task):
             (a task: paths and the recipe)          load ─▶ rows (serial) ─▶ save
-    collector thread: pump_any ◀──────────────────── the manifest entry (or the error)
+    collector thread: wait_any ◀──────────────────── the manifest entry (or the error)
             ─▶ the driver's done queue
 
     RowBackend (rows spread out): ``jobs`` threads of this process; a shard's load and
@@ -34,6 +34,7 @@ from typing import Any
 from ..core.rows import rows_of
 from ..errors import ConfigError
 from ..executors import (
+    Call,
     ProcessBatches,
     Ticket,
     available_cores,
@@ -42,6 +43,7 @@ from ..executors import (
     server_running,
     start_costs,
     threads_per_worker,
+    wait_any,
     warm_up,
 )
 from ..pool import SHARED, Pool
@@ -129,7 +131,7 @@ class ShardBackend:
         halt_workers(False)  # a new run: its workers start every shard they are sent
         self._pool = pool
         self._form = form  # the executor each worker runs a shard's rows with
-        self._key = pool.prepare(run_shard_on_worker)
+        self._key = pool.prepare(run_shard_on_worker).key
         self._lock = threading.Lock()
         self._flying: dict[Ticket, tuple[ShardTask, queue.SimpleQueue[Any]]] = {}
         self._stop = threading.Event()
@@ -139,7 +141,7 @@ class ShardBackend:
     def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
         config = dataclasses.replace(task.config, executor=self._form)
         sent = dataclasses.replace(task, config=config)
-        ticket = self._pool.submit_call(self._key, (sent,), f"the shard {task.source.path}")
+        ticket = self._pool.submit(Call(self._key, (sent,), f"the shard {task.source.path}"))
         with self._lock:
             self._flying[ticket] = (task, done)
             self._work.set()
@@ -156,7 +158,9 @@ class ShardBackend:
                     self._work.clear()
             if not self._work.wait(0.1):  # nothing in flight: no reply to wait for
                 continue
-            self._pool.pump_any(0.1)
+            with self._lock:
+                flying = list(self._flying)
+            wait_any(flying, 0.1)
             with self._lock:
                 landed = [t for t in self._flying if t.done()]
                 pairs = [(t, self._flying.pop(t)) for t in landed]
@@ -193,11 +197,10 @@ def local_backend(
     if parallel == "rows" or _rows_only(config, workers, len(todo), parallel) is not None:
         return RowBackend(config, jobs or LOCAL_JOBS), plan_run(config, todo, parallel)
     # the workers first, forked while this process has no other thread; the figures after
-    pool = ProcessBatches(workers, fork=True)
+    safe = fork_is_safe()
+    pool = ProcessBatches(workers, fork=True)  # forked now where that is safe
     start = 0.0
-    if fork_is_safe():
-        pool.start()
-    else:
+    if not safe:
         warm_up()  # the forkserver starts in the background while the first shard loads
         start = start_costs().server or _SERVER_GUESS
     plan = plan_run(config, todo, parallel, start)

@@ -28,7 +28,7 @@ from ..core.options import Options
 from ..core.rows import Rows, SampleRows, rows_of
 from ..core.seeding import mix, takes_rng
 from ..errors import WorkerCrashed
-from ..executors import Executor, Parts, Ticket
+from ..executors import Executor, Known, Parts, Ticket, Whole, starts_at_once
 from .delivery import Delivery
 from .strategy import StrategyPlan
 
@@ -109,19 +109,20 @@ class Submitter:
 
     def __init__(self, plan: StrategyPlan, work: Work, parts: str | None) -> None:
         self.plan, self.work, self.parts = plan, work, parts
-        self._keys: dict[str, Any] = {}  # the function's key on each flavour's workers
+        self._known: dict[str, Known] = {}  # the function's record on each flavour's workers
 
-    def _key(self, flavour: str, engine: Any) -> Any:
-        key = self._keys.get(flavour)
-        if key is None:
-            key = self._keys[flavour] = engine.prepare(self.work.bound)
-        return key
+    def _record(self, flavour: str, engine: Any) -> Known:
+        known = self._known.get(flavour)
+        if known is None:
+            known = self._known[flavour] = engine.prepare(self.work.bound)
+        return known
 
     def __call__(self, batch: Any) -> Delivery:
         ready = True
         if self.plan.measuring():
             try:  # every flavour asked, so that all of them start at once
-                ready = all([self.work.executors(f).engine.ready() for f in self.plan.flavours])
+                engines = [self.work.executors(f).engine for f in self.plan.flavours]
+                ready = all([starts_at_once(engine) for engine in engines])
             except BaseException as exc:  # raised in its place in the order, as split's are
                 return Delivery.failed(exc)
         strategy = self.plan.next(ready)
@@ -145,7 +146,7 @@ class Submitter:
         """A part per worker on ``ex``'s workers, finished when the loop takes it."""
         batch = self.work.start(rows, ex)
         engine = ex.engine
-        parts = Parts(engine, batch.job, engine.workers, self._key(ex.name, engine))
+        parts = Parts(engine, batch.job, engine.workers, self._record(ex.name, engine))
         finish = lambda tickets: self.work.finish(batch, parts.result(), ex)  # noqa: E731
         return Delivery(parts.tickets, finish, functools.partial(_split_taken, self.plan))
 
@@ -157,7 +158,8 @@ class Submitter:
         batch = self.work.start(rows, ex)
         job = batch.job
         sent = rows if job.rows.seeds is None else rows.seeding(job.rows.seeds)
-        ticket = ex.engine.submit(self._key(flavour, ex.engine), sent, job.policy, job.timeout)
+        key = self._record(flavour, ex.engine).key
+        ticket = ex.engine.submit(Whole(key, sent, job.policy, job.timeout))
 
         def finish(tickets: list[Ticket]) -> Any:
             try:
@@ -182,11 +184,11 @@ def _whole_taken(plan: StrategyPlan, flavour: str, tickets: list[Ticket], took: 
     span = ticket.span
     if span is None and ticket.started is not None and ticket.busy:
         span = (ticket.started, ticket.started + ticket.busy)
-    plan.whole_taken(len(ticket.rows), ticket.busy, took, flavour, span)
+    plan.whole_taken(len(ticket.rows or ()), ticket.busy, took, flavour, span)
 
 
 def _split_taken(plan: StrategyPlan, tickets: list[Ticket], took: float) -> None:
     """A split batch's figures for the plan: its rows, what taking it took here, and
     when each part ran."""
-    spans = [(x.span[0], x.span[1], len(x.rows)) for x in tickets if x.span]
-    plan.split_taken(sum(len(x.rows) for x in tickets), took, spans)
+    spans = [(x.span[0], x.span[1], len(x.rows or ())) for x in tickets if x.span]
+    plan.split_taken(sum(len(x.rows or ()) for x in tickets), took, spans)
