@@ -5,14 +5,15 @@
         a failure    one line now; its manifest line held for the group
         0 rows       held back until a shard done shows the output's layout
         disk full    one line; no shard starts after it (queued ones are not started)
-    commit the group when GROUP entries are held, GROUP_SECONDS after its first landed,
-    or when nothing is in flight: folders fsynced, lines written, one fsync
-    (:meth:`prep.run.manifest.Manifest.commit`); a shard counts as done, and its
-    progress line is printed, only then.
+    commit what is held whenever no commit runs, in a thread of its own while shards
+    stay in flight: folders fsynced, lines written, one fsync
+    (:meth:`prep.run.manifest.Manifest.write`); what lands meanwhile is the next group.
+    A shard counts as done, and its progress line is printed, once its group is.
 
 So each shard pays its own output's fsync, in the worker that wrote it, and a share
-of one manifest fsync; a crash loses the shards in flight and the group not yet
-committed, which ``--resume`` redoes.
+of one manifest fsync, which no shard waits for: the slower the disk, the larger the
+groups. A crash loses the shards in flight and the groups not yet committed, which
+``--resume`` redoes.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import contextlib
 import dataclasses
 import errno
 import queue
-import time
 from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ..errors import Cancelled, ClusterLost, ConfigError, RowError
@@ -33,12 +34,8 @@ from .progress import ShardProgress, Summary
 from .shards import OutOfSpace
 from .task import Layout, NoRows, ShardTask, halt_workers
 
-__all__ = ["GROUP", "GROUP_SECONDS", "Backend", "Driver"]
+__all__ = ["Backend", "Committer", "Driver"]
 
-#: a group commit holds at most this many entries ...
-GROUP = 64
-#: ... or those that landed within this many seconds of its first
-GROUP_SECONDS = 0.005
 _POLL = 0.25  # seconds between checks of the done queue: a timeout lets signals in
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
@@ -53,6 +50,51 @@ class Backend(Protocol):
     def abandon(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Committer:
+    """One group commit at a time, in a thread of its own (``prep-commit``), so that the
+    driver keeps shards in flight while the disk syncs; ``landed`` is put on the done
+    queue when a commit ends, to wake the driver."""
+
+    LANDED = "committed"
+
+    def __init__(self, manifest: Manifest, done: queue.SimpleQueue[Any]) -> None:
+        self.manifest, self.done = manifest, done
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="prep-commit")
+        self._running: Future[None] | None = None
+        self._group: list[Mapping[str, Any]] = []
+
+    def busy(self) -> bool:
+        return self._running is not None
+
+    def start(self) -> None:
+        """The entries held, as a group, to the commit thread."""
+        self._group, self.manifest.pending = self.manifest.pending, []
+        self._running = self._thread.submit(self.manifest.write, self._group)
+        self._running.add_done_callback(lambda _: self.done.put(self.LANDED))
+
+    def finish(self) -> list[Mapping[str, Any]]:
+        """The group of the commit started last, once it is durable (waiting for it); its
+        OSError raised, the group then unrecorded (:attr:`unrecorded`)."""
+        running, self._running = self._running, None
+        if running is None:
+            return []
+        running.result()
+        return self._group
+
+    def requeue(self) -> None:
+        """The group of a commit that failed held again, before what landed since."""
+        self.manifest.pending, self._group = self._group + self.manifest.pending, []
+
+    def unrecorded(self) -> int:
+        """Shards done but not recorded, of a group that failed and of those held."""
+        lost = [e for e in self._group + self.manifest.pending if not e.get("failed")]
+        self._group, self.manifest.pending = [], []
+        return len(lost)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
 
 
 class Driver:
@@ -75,37 +117,39 @@ class Driver:
         self.done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.in_flight = 0
         self.stopping = False
+        # the manifest found the disk full while shards were in flight: no shard starts and
+        # nothing is committed until they land (their temporary files gone), then retried
+        self.paused = False
         self.held: list[tuple[ShardTask, NoRows]] = []  # 0-row shards, waiting for a layout
         self.lost = 0  # not finished: the disk was full, or never started after that
-        self.since = 0.0  # when the group's first entry landed
+        self.committer = Committer(manifest, self.done)
 
     def run(self) -> None:
         """Keep ``backend.slots`` tasks in flight; record each result as it lands."""
         while True:
-            while self.todo and self.in_flight < self.backend.slots and not self.stopping:
+            while self.todo and self.in_flight < self.backend.slots and not self.halted():
                 self.backend.submit(self.todo.popleft(), self.done)
                 self.in_flight += 1
                 self.summary.abandoned = self.in_flight
             if self.in_flight == 0:
+                retry, self.paused = self.paused, False
                 self.commit()
-                if self._release_held():
+                if (retry and self.todo and not self.stopping) or self._release_held():
                     continue
                 break
             try:
-                task, outcome = self.done.get(timeout=self._wait())
+                item = self.done.get(timeout=_POLL)
             except queue.Empty:
-                self._commit_if_due()
                 continue
-            self.in_flight -= 1
-            self.summary.abandoned = self.in_flight
-            self._land(task, outcome)
-            self._commit_if_due()
+            if item == Committer.LANDED:
+                self._committed()
+            else:
+                self.in_flight -= 1
+                self.summary.abandoned = self.in_flight
+                self._land(*item)
+            if self.manifest.pending and not self.committer.busy() and not self.paused:
+                self.committer.start()
         self.summary.not_started = len(self.todo) + len(self.held) + self.lost
-
-    def _wait(self) -> float:
-        if not self.manifest.pending:
-            return _POLL
-        return min(_POLL, max(0.0, self.since + GROUP_SECONDS - time.monotonic()))
 
     def _land(self, task: ShardTask, outcome: Any) -> None:
         if isinstance(outcome, ClusterLost):  # no shard's fault: the run ends here
@@ -132,35 +176,38 @@ class Driver:
             if "layout" in outcome:
                 self.layouts[task.source.rel] = outcome["layout"]
 
+    def halted(self) -> bool:
+        """Whether no shard may start now."""
+        return self.stopping or self.paused
+
     def _hold(self, entry: Mapping[str, Any]) -> None:
-        if not self.manifest.pending:
-            self.since = time.monotonic()
         self.manifest.add(entry)
 
-    def _commit_if_due(self) -> None:
-        pending = self.manifest.pending
-        if pending and (
-            len(pending) >= GROUP
-            or self.in_flight == 0
-            or time.monotonic() - self.since >= GROUP_SECONDS
-        ):
-            self.commit()
-
     def commit(self) -> None:
-        """Commit the group held; count and show its shards as done only then."""
+        """Commit what is held, after the commit running (if any), and wait for both."""
+        if self._committed() and self.manifest.pending:
+            self.committer.start()
+            self._committed()
+
+    def _committed(self) -> bool:
+        """The running commit's shards counted and shown as done, once it is durable;
+        False if the disk refused it (said once, the run stops)."""
         try:
-            group = self.manifest.commit()
+            group = self.committer.finish()
         except OSError as exc:
             if exc.errno not in _FULL:
                 raise
-            unrecorded = sum(not e.get("failed") for e in self.manifest.pending)
+            if self.in_flight and not self.paused:  # a shard's temporary file may hold the
+                self.committer.requeue()  # last free pages: again once they have landed
+                self.paused = True
+                return False
+            unrecorded = self.committer.unrecorded()
             self.lost += unrecorded
-            self.manifest.pending = []
             self._halt(
                 f"{self.manifest.path}: cannot be written: {exc.strerror} ({unrecorded} "
                 f"shard(s) done but not recorded); free space, then rerun with --resume"
             )
-            return
+            return False
         s = self.summary
         for entry in group:
             if entry.get("failed"):
@@ -172,11 +219,17 @@ class Driver:
                 s.rows_failed += len(entry["failed_rows"])
                 s.shards_with_failed_rows += 1
             self.progress.done(dict(entry))
+        return True
 
     def commit_held(self) -> None:
         """On the way out of an interrupted run: commit what landed, if the disk lets it."""
         with contextlib.suppress(OSError):
             self.commit()
+
+    def close(self) -> None:
+        """End the commit thread, after the commit it runs (if any); close the manifest."""
+        self.committer.close()
+        self.manifest.close()
 
     def _halt(self, line: str) -> None:
         """The disk is full: say it once, and start no other shard (nor any queued)."""

@@ -154,7 +154,7 @@ def run_shards(
     finally:
         summary.seconds = time.monotonic() - started
         with shielded():
-            manifest.close()
+            driver.close()  # its commit thread, then the manifest it writes
             progress.finish(summary)
     return summary
 

@@ -177,12 +177,19 @@ class Manifest:
         self.pending.append(entry)
 
     def commit(self) -> list[Mapping[str, Any]]:
-        """Make the held entries durable, outputs first: fsync the folders their outputs
-        were renamed into, then write the lines and fsync the manifest once. Returns
-        them; on an OSError they stay held (none counts as recorded)."""
+        """Make the held entries durable (:meth:`write`) and return them; on an OSError
+        they stay held (none counts as recorded)."""
         group = self.pending
+        self.write(group)
+        self.pending = []
+        return group
+
+    def write(self, group: list[Mapping[str, Any]]) -> None:
+        """Make ``group`` durable, outputs first: fsync the folders their outputs were
+        renamed into, then write the lines and fsync the manifest once. One writer at a
+        time (``prep run``'s commit thread)."""
         if not group:
-            return []
+            return
         sync_folders(self._folders(group))
         f = self._file or self.open()
         try:
@@ -197,8 +204,6 @@ class Manifest:
             with contextlib.suppress(OSError):
                 f.close()
             raise
-        self.pending = []
-        return group
 
     def _folders(self, group: list[Mapping[str, Any]]) -> list[Path]:
         """The folders of the group's outputs, and theirs up to this one (a sub-folder
