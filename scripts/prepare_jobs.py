@@ -8,9 +8,13 @@ prepare_jobs:wwm_row`` run from there, or from a folder this file was copied int
   [rows]}`` (:func:`make_wwm_shard`);
 * :func:`image_row`: resize, colour jitter and normalise an image with torch ops; a shard
   is ``{"image": uint8 [rows, 3, 256, 256], "seed": int64 [rows]}``
-  (:func:`make_image_shard`).
+  (:func:`make_image_shard`);
+* :func:`cumsum_row` and :func:`python_row`: a light torch row and a pure-Python one,
+  for thousands of small shards ``{"x": int64 [rows, 32]}`` (:func:`make_small_shard`);
+* :func:`affine_row`: ``x * 0.5 + 1``, for shards of about 1 GiB ``{"x": float32 [rows,
+  4096]}`` (:func:`make_big_shard`), where reading, writing and memory are the job.
 
-Both are deterministic: a row's randomness comes from its ``seed`` alone, so every way of
+All are deterministic: a row's randomness comes from its ``seed`` alone, so every way of
 running them (a loop, processes, threads, another library) must produce the same bytes.
 
     python scripts/prepare_jobs.py        # the cost of a row of each, in this process
@@ -26,13 +30,22 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "BIG_WIDTH",
+    "GIB_ROWS",
     "IMAGE_SIDE",
+    "MAKERS",
     "OUT_SIDE",
     "SEQ",
+    "SMALL_WIDTH",
     "VOCAB",
+    "affine_row",
+    "cumsum_row",
     "image_row",
+    "make_big_shard",
     "make_image_shard",
+    "make_small_shard",
     "make_wwm_shard",
+    "python_row",
     "wwm_row",
     "write_shards",
 ]
@@ -189,6 +202,26 @@ def make_small_shard(rows: int, seed: int) -> dict[str, torch.Tensor]:
     return {"x": torch.randint(0, 1000, (rows, SMALL_WIDTH), generator=g)}
 
 
+# ------------------------------------------------------------------ gigabyte shards
+# issue 38: 3 shards of 1 GiB (float32 [65536, 4096]) and a light row, where what counts
+# is the bytes read, written and held
+
+BIG_WIDTH = 4096
+#: rows of a 1 GiB shard
+GIB_ROWS = 2**30 // (BIG_WIDTH * 4)
+
+
+def affine_row(x: torch.Tensor) -> torch.Tensor:
+    """A light torch row on a big shard: ``x * 0.5 + 1``."""
+    return x * 0.5 + 1
+
+
+def make_big_shard(rows: int, seed: int) -> dict[str, torch.Tensor]:
+    """``{"x": float32 [rows, BIG_WIDTH]}`` of normal draws (``GIB_ROWS`` rows: 1 GiB)."""
+    g = torch.Generator().manual_seed(seed)
+    return {"x": torch.randn(rows, BIG_WIDTH, generator=g)}
+
+
 # ------------------------------------------------------------------ shards on disk
 
 MAKERS = {
@@ -196,6 +229,7 @@ MAKERS = {
     "images": make_image_shard,
     "small-torch": make_small_shard,
     "small-python": make_small_shard,
+    "big": make_big_shard,
 }
 
 
@@ -208,7 +242,7 @@ def write_shards(folder: Path | str, job: str, shards: int, rows: int, seed: int
     for k in range(shards):
         path = folder / f"shard-{k:05d}.pt"
         torch.save(MAKERS[job](rows, seed * 10_007 + k), path)
-        paths.append(path)
+        paths.append(path)  # each shard freed before the next is made: one in memory
     return paths
 
 
