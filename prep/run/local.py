@@ -175,11 +175,13 @@ class ShardBackend:
         """Terminate the workers mid-shard; their temporary files are the driver's to
         remove (their writers are gone)."""
         self._stop.set()
+        self._work.set()  # the collector wakes to see it
         self._pool.close(now=True)
         self._join()
 
     def close(self) -> None:
         self._stop.set()
+        self._work.set()  # the collector wakes to see it, not at its next look
         self._join()
         self._pool.close()
 
