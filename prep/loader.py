@@ -278,8 +278,7 @@ class Loader:
             epoch, batches = place.epoch, place.batches
         else:
             epoch, batches = self._epoch, self._skip
-        if len(self) and batches >= len(self):
-            epoch, batches = epoch + 1, 0
+        epoch, batches = self._past_the_end(epoch, batches)
         return {
             "epoch": epoch,
             "batches": batches,
@@ -292,8 +291,15 @@ class Loader:
         """Resume at ``state`` (a :meth:`state_dict`): the next ``for`` loop yields that
         epoch's batches after those already handed over, then epochs go on from it."""
         epoch, batches, seed = _check_state(state, self)
-        self.seed, self._epoch, self._skip = seed, epoch, batches
+        self.seed = seed
+        self._epoch, self._skip = self._past_the_end(epoch, batches)
         self._place = None
+
+    def _past_the_end(self, epoch: int, batches: int) -> tuple[int, int]:
+        """An epoch whose every batch was handed over is the next one, at its start."""
+        if len(self) and batches >= len(self):
+            return epoch + 1, 0
+        return epoch, batches
 
     def __repr__(self) -> str:
         return (
@@ -367,6 +373,11 @@ def _check_state(state: Any, loader: Loader) -> tuple[int, int, int]:
         raise ConfigError(
             f"state={state!r:.80} is not a prep.Loader state_dict() (a dict of "
             f"{', '.join(keys)}); pass what loader.state_dict() returned"
+        )
+    if not all(isinstance(state[k], int) and state[k] >= 0 for k in ("epoch", "batches")):
+        raise ConfigError(
+            f"the state's epoch={state['epoch']!r} and batches={state['batches']!r} must be "
+            f"whole numbers >= 0; pass what loader.state_dict() returned"
         )
     for key, ours in (("batch_size", loader.batch_size), ("samples", loader.samples)):
         if state[key] != ours:

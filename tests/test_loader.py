@@ -313,6 +313,7 @@ def test_an_epoch_run_to_its_end_resumes_at_the_next():
     state["batches"] = 3  # every batch handed over: the next epoch, at its start
     again.load_state_dict(state)
     assert again.state_dict()["epoch"] == 2 and again.state_dict()["batches"] == 0
+    assert len(list(again)) == 3 and again.state_dict()["epoch"] == 3
 
 
 def test_breaking_out_stops_the_stream_and_keeps_the_position():
@@ -375,3 +376,5 @@ def test_a_state_of_another_loader_is_refused():
             other.load_state_dict(state)
     with pytest.raises(prep.ConfigError, match="state_dict"):
         prep.Loader(Numbers(12), affine).load_state_dict({"epoch": 1})
+    with pytest.raises(prep.ConfigError, match="batches=-1"):
+        prep.Loader(Numbers(12), affine, batch_size=4).load_state_dict({**state, "batches": -1})
