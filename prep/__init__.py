@@ -26,6 +26,7 @@ from .errors import (
     VmapUnsupported,
     WorkerCrashed,
 )
+from .loader import Loader
 from .pool import Pool
 from .registry import EXECUTORS
 
@@ -35,6 +36,7 @@ __all__ = [
     "Collate",
     "ConfigError",
     "Explanation",
+    "Loader",
     "Pool",
     "PrepError",
     "RowError",

@@ -27,6 +27,7 @@ from .core.state import Binder
 from .errors import ConfigError
 from .executors import Executor, in_worker_process, resolve_workers
 from .registry import AUTO, EXECUTORS, IN_WORKERS, executor_class
+from .stream.position import Position, resume
 from .stream.stream import Stream
 from .stream.streams import Streams
 from .stream.submit import Work
@@ -134,6 +135,7 @@ class Pool:
         *,
         prefetch: int | None = None,
         strategy: str = "auto",
+        state: dict[str, Any] | None = None,
         **options: Unpack[CallOptions],
     ) -> Stream:
         """:meth:`map_rows` over an iterable of batches (a DataLoader, say), the results in
@@ -152,7 +154,9 @@ class Pool:
         Ctrl-C stop the stream (a batch running in the pool finishes; batches in flight
         on the stream's workers are dropped). ``prefetch=0`` runs each batch in your
         loop's thread, without overlap. Warnings of its batches point at the line that
-        called ``imap``.
+        called ``imap``. ``stream.state_dict()`` is where your loop is (the batches it
+        took, and for a source with its own ``state_dict()``, that state as of the last
+        of them); ``state=`` resumes from it, loading it into ``batches`` first.
 
         >>> import torch, prep
         >>> with prep.Pool("threads", workers=2) as pool:
@@ -160,7 +164,7 @@ class Pool:
         [-4.0, -4.0, -4.0]
         """
         given = Options.of("Pool.imap", options, self._defaults)
-        return self._stream(fn, batches, prefetch, strategy, given, samples=False)
+        return self._stream(fn, batches, prefetch, strategy, given, state, samples=False)
 
     def imap_samples(
         self,
@@ -169,11 +173,12 @@ class Pool:
         *,
         prefetch: int | None = None,
         strategy: str = "auto",
+        state: dict[str, Any] | None = None,
         **options: Unpack[CallOptions],
     ) -> Stream:
         """:meth:`imap` for batches that are lists of samples: :meth:`map_samples` on each."""
         given = Options.of("Pool.imap_samples", options, self._defaults)
-        return self._stream(fn, batches, prefetch, strategy, given, samples=True)
+        return self._stream(fn, batches, prefetch, strategy, given, state, samples=True)
 
     def _stream(
         self,
@@ -182,10 +187,12 @@ class Pool:
         prefetch: Any,
         strategy: Any,
         options: Options,
+        state: Any,
         samples: bool,
     ) -> Stream:
+        start = resume(batches, state) if state is not None else 0  # loaded before iter()
         try:
-            batches = iter(batches)
+            source, batches = batches, iter(batches)
         except TypeError:
             raise TypeError(
                 f"batches must be an iterable of batches (a list, a generator, a DataLoader), "
@@ -197,7 +204,8 @@ class Pool:
         may_fork = not in_worker_process()  # once a stream
         kind = runnable_here(self._kind, may_fork)
         work = Work(fn, bound, options, samples, self._get, kind.name)
-        return self._streams.open(kind, may_fork, batches, prefetch, strategy, work)
+        position = Position(source, batches, start)
+        return self._streams.open(kind, may_fork, batches, prefetch, strategy, work, position)
 
     def explain(self) -> Explanation:
         """What ``auto`` measured and chose for each signature this pool has seen, and

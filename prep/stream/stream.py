@@ -44,21 +44,18 @@ no thread and no overlap, for debugging and profiling.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import Any, NamedTuple
 
 from .._warn import warn
 from ..errors import ConfigError
 from . import stats as figures_of  # its clock, read where it is timed
 from .delivery import Delivery
+from .link import END, ERROR, POLL, RESULT, Item, Link, TorchState
+from .position import Position
 from .stats import BatchFigures, Meter, StreamStats, rows_in
 
 __all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Stream", "check_prefetch"]
@@ -66,12 +63,6 @@ __all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Stream", "check_prefetch"]
 THREAD_NAME = "prep-imap"
 #: seconds :meth:`Stream.close` waits for a batch in flight to finish
 JOIN_TIMEOUT = 30.0
-#: seconds between the waiting side's looks at the stop event (and at the producer)
-POLL = 0.1
-
-# what the producer puts in the queue: (kind, value, figures of a result or None)
-_RESULT, _ERROR, _END = "result", "error", "end"
-_Item = tuple[str, Any, BatchFigures | None]
 
 
 def check_prefetch(prefetch: Any) -> int:
@@ -85,92 +76,28 @@ def check_prefetch(prefetch: Any) -> int:
     return prefetch
 
 
-@dataclass(frozen=True)
-class _TorchState:
-    """The consumer's thread-local torch settings that change what ``call`` makes: grad
-    and inference mode, and the current CUDA device and stream (DDP's
-    ``torch.cuda.set_device(rank)`` must hold for ``device="cuda"``, and a result
-    copied on another stream than the consumer's could be read before it lands)."""
+class _Source(NamedTuple):
+    """The batches the producer pulls, and the position that reads their source's
+    state as each is pulled."""
 
-    grad: bool
-    inference: bool
-    cuda_stream: Any  # torch.cuda.Stream, or None when CUDA is not initialized
-
-    @classmethod
-    def here(cls) -> _TorchState:
-        stream = torch.cuda.current_stream() if torch.cuda.is_initialized() else None
-        return cls(torch.is_grad_enabled(), torch.is_inference_mode_enabled(), stream)
-
-    @contextlib.contextmanager
-    def applied(self) -> Iterator[None]:
-        """These settings in the calling thread (the producer's, for its whole life)."""
-        if self.cuda_stream is not None:
-            torch.cuda.set_device(self.cuda_stream.device)
-            torch.cuda.set_stream(self.cuda_stream)
-        # inference_mode(False) would turn grad mode on: enter it only when it is on
-        with torch.inference_mode() if self.inference else contextlib.nullcontext():
-            torch.set_grad_enabled(self.grad)
-            yield
+    batches: Iterator[Any]
+    position: Position
 
 
-class _Link:
-    """What the producer and the consumer share: the results queue, the slots that bound
-    it and the stop event. Never the Stream itself, whose life decides when to stop."""
+class _Pending(NamedTuple):
+    """A batch submitted: its delivery, its seconds in the source, the source's state
+    as it was pulled."""
 
-    def __init__(self, prefetch: int) -> None:
-        self.results: queue.Queue[_Item] = queue.Queue(maxsize=prefetch)
-        self.slots = threading.Semaphore(prefetch)
-        self.stop = threading.Event()
-
-    def reserve(self) -> bool:
-        """Wait for a slot for one more batch; False once the consumer has stopped."""
-        while not self.stop.is_set():
-            if self.slots.acquire(timeout=POLL):
-                return not self.stop.is_set()
-        return False
-
-    def try_reserve(self) -> bool:
-        """A slot now, if one is free (never waits)."""
-        return self.slots.acquire(blocking=False)
-
-    def put(self, kind: str, value: Any, figures: BatchFigures | None = None) -> bool:
-        """Hand an item to the consumer; False (the item dropped) once it has stopped."""
-        while not self.stop.is_set():
-            try:
-                self.results.put((kind, value, figures), timeout=POLL)
-                return True
-            except queue.Full:  # cannot happen (an item per slot), but never block for good
-                continue
-        return False
-
-    def take(self, producer: threading.Thread) -> _Item:
-        """The next item, waiting for it in short steps (Ctrl-C gets through at once)."""
-        while True:
-            try:
-                item = self.results.get(timeout=POLL)
-            except queue.Empty:
-                if not producer.is_alive() and self.results.empty():
-                    raise RuntimeError(
-                        f"the {THREAD_NAME} thread ended without a result or an error"
-                    ) from None
-                continue
-            self.slots.release()
-            return item
-
-    def drain(self) -> None:
-        """Drop the results nobody will take, so their memory goes now."""
-        while True:
-            try:
-                self.results.get_nowait()
-            except queue.Empty:
-                return
+    ticket: Delivery
+    pulled: float = 0.0
+    source: Any = None
 
 
 def _produce(
     submit: Callable[[Any], Delivery],
-    batches: Iterator[Any],
-    link: _Link,
-    state: _TorchState,
+    source: _Source,
+    link: Link,
+    state: TorchState,
     workers: int | None,
 ) -> None:
     """The producer thread's life: every batch until they end, one fails or the consumer
@@ -178,13 +105,13 @@ def _produce(
     what a result's figures count busy time over (None: no figures)."""
     try:
         with state.applied():
-            _run_batches(submit, batches, link, workers)
+            _run_batches(submit, source, link, workers)
     except BaseException as exc:
-        link.put(_ERROR, exc)
+        link.put(Item(ERROR, exc))
 
 
 def _run_batches(
-    submit: Callable[[Any], Delivery], batches: Iterator[Any], link: _Link, workers: int | None
+    submit: Callable[[Any], Delivery], source: _Source, link: Link, workers: int | None
 ) -> None:
     """Keep up to a slot's worth of batches submitted; hand their results over in order.
 
@@ -194,58 +121,61 @@ def _run_batches(
     then, while this thread waits for the oldest batch), else for the oldest. So a
     batch run in this thread (:meth:`Delivery.ran`) is delivered before the next one is
     pulled, and batches run elsewhere keep every slot busy."""
-    pending: deque[tuple[Delivery, float]] = deque()  # each with its seconds in batches
+    pending: deque[_Pending] = deque()
     ended = False
     try:
         while not link.stop.is_set():
-            if pending and pending[0][0].wait(0):  # done (a reply already there is read)
-                if not _deliver(*pending.popleft(), link, workers):
+            if pending and pending[0].ticket.wait(0):  # done (a reply already there is read)
+                if not _deliver(pending.popleft(), link, workers):
                     return
             elif not ended and (link.try_reserve() if pending else link.reserve()):
                 pulling = figures_of.clock()
                 try:
-                    batch = next(batches)
+                    batch = next(source.batches)
+                    state = source.position.pulled()  # the source's, as it gave this batch
                 except StopIteration:
                     ended = True
                     link.slots.release()  # taken for a batch that never came
                     continue
                 except BaseException as exc:  # the batches' own error, in its place
                     ended = True
-                    pending.append((Delivery.failed(exc), 0.0))
+                    pending.append(_Pending(Delivery.failed(exc)))
                     continue
                 if link.stop.is_set():  # stopped while the batch was pulled: do not start it
                     return
                 pulled = figures_of.clock() - pulling
-                pending.append((submit(batch), pulled))
+                pending.append(_Pending(submit(batch), pulled, state))
                 del batch  # the ticket holds what it needs: memory stays bounded by slots
             elif pending and not link.results.empty():
                 if link.slots.acquire(timeout=POLL):
                     link.slots.release()  # the next turn takes it, after delivering
             elif pending:
-                pending[0][0].wait(POLL)
+                pending[0].ticket.wait(POLL)
             else:
                 if ended:
-                    link.put(_END, None)
+                    link.put(Item(END, None))
                 return  # ended, or stopped while waiting for a slot
     finally:
-        for ticket, _ in pending:  # stopped with batches in flight: nobody takes them
-            ticket.cancel()
+        for waiting in pending:  # stopped with batches in flight: nobody takes them
+            waiting.ticket.cancel()
 
 
-def _deliver(ticket: Delivery, pulled: float, link: _Link, workers: int | None) -> bool:
+def _deliver(batch: _Pending, link: Link, workers: int | None) -> bool:
     """The batch's result (or its error, which ends the stream) to the consumer, with its
-    figures (none where ``workers`` is None): its rows, ``pulled`` (its seconds in the
-    batches) and its pool seconds (none for a stand-in of a Delivery's shape)."""
+    source's state and its figures (none where ``workers`` is None): its rows, its
+    seconds in the source and its pool seconds (none for a stand-in of a Delivery's
+    shape)."""
+    ticket = batch.ticket
     try:
         result = ticket.result()
     except BaseException as exc:
-        link.put(_ERROR, exc)
+        link.put(Item(ERROR, exc))
         return False
     if workers is None:
-        return link.put(_RESULT, result)
+        return link.put(Item(RESULT, result, None, batch.source))
     busy = ticket.busy(workers) if isinstance(ticket, Delivery) else 0.0
-    figures = BatchFigures(rows_in(result), pulled, busy)
-    return link.put(_RESULT, result, figures)
+    figures = BatchFigures(rows_in(result), batch.pulled, busy)
+    return link.put(Item(RESULT, result, figures, batch.source))
 
 
 def _surfaced(exc: BaseException) -> BaseException:
@@ -264,9 +194,10 @@ class Stream(Iterator[Any]):
     current one. An iterator; :meth:`close` (or leaving a ``with`` block, or dropping
     it) stops the work. The producer thread takes the grad and inference mode and
     the CUDA device and stream current where the Stream is made. :meth:`stats` says
-    what it measured and what bounds the loop; ``workers`` is how many workers its
-    batches share (None: those of ``submit``'s plan, else 1); ``measure=False`` keeps
-    no figures (to measure what they cost).
+    what it measured and what bounds the loop, :meth:`state_dict` where it is
+    (``position``: counted from a resumed state; None: from ``batches``' start);
+    ``workers`` is how many workers its batches share (None: those of ``submit``'s
+    plan, else 1); ``measure=False`` keeps no figures (to measure what they cost).
     """
 
     def __init__(
@@ -278,13 +209,14 @@ class Stream(Iterator[Any]):
         *,
         workers: int | None = None,
         measure: bool = True,
+        position: Position | None = None,
     ) -> None:
         self.prefetch = check_prefetch(prefetch)
         self._call = call
         self._batches = iter(batches)
-        self._delivered = 0
+        self._position = position or Position(batches, self._batches)
         self._closed = False
-        self._link = _Link(self.prefetch)  # unused at prefetch=0
+        self._link = Link(self.prefetch)  # unused at prefetch=0
         self._thread: threading.Thread | None = None
         if workers is None:  # a Submitter's plan knows them
             workers = getattr(getattr(submit, "plan", None), "workers", 1)
@@ -292,7 +224,8 @@ class Stream(Iterator[Any]):
         if self.prefetch:
             submit = submit or functools.partial(Delivery.ran, call)
             counted = workers if measure else None
-            args = (submit, self._batches, self._link, _TorchState.here(), counted)
+            source = _Source(self._batches, self._position)
+            args = (submit, source, self._link, TorchState.here(), counted)
             self._thread = threading.Thread(
                 target=_produce, args=args, name=THREAD_NAME, daemon=True
             )
@@ -310,17 +243,17 @@ class Stream(Iterator[Any]):
         if meter is not None:
             asked, ready = meter.asked(), self._link.results.qsize()
         try:
-            kind, value, figures = self._link.take(self._thread)
+            kind, value, figures, source = self._link.take(self._thread)
         except BaseException:  # Ctrl-C while waiting: stop the work, then let it through
             self.close()
             raise
-        if kind == _RESULT:
-            self._delivered += 1
+        if kind == RESULT:
+            self._position.handed(source)
             if meter is not None and figures is not None:
                 meter.took(asked, ready, figures)
             return value
         self.close()  # the producer has ended; nothing follows
-        if kind == _END:
+        if kind == END:
             raise StopIteration
         error, value = _surfaced(value), None
         try:
@@ -333,6 +266,7 @@ class Stream(Iterator[Any]):
         asked = self._meter.asked() if self._meter is not None else 0.0
         try:
             batch = next(self._batches)
+            source = self._position.pulled()
         except BaseException:  # StopIteration (the end) or the batches' own error
             self._closed = True
             raise
@@ -342,7 +276,7 @@ class Stream(Iterator[Any]):
         except BaseException as exc:
             self._closed = True
             raise _surfaced(exc)  # noqa: B904 (the error itself, or its RuntimeError)
-        self._delivered += 1
+        self._position.handed(source)
         if self._meter is not None:
             ran = figures_of.clock() - pulled
             self._meter.took(asked, 0, BatchFigures(rows_in(result), pulled - asked, ran))
@@ -361,6 +295,13 @@ class Stream(Iterator[Any]):
         if self._meter is None:
             return Meter(self.prefetch, 1).stats()
         return self._meter.stats()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop is: ``{"batches": n}`` handed to it so far, and for a source
+        with its own ``state_dict()`` (a ``StatefulDataLoader``), ``"source"``: that
+        state as the source gave the last of them, not as it is now, read ahead.
+        ``Pool.imap(..., state=...)`` resumes from it (:mod:`prep.stream.position`)."""
+        return self._position.state_dict()
 
     def close(self, timeout: float = JOIN_TIMEOUT) -> None:
         """Stop preparing batches: none is pulled any more, a batch already running
@@ -396,4 +337,4 @@ class Stream(Iterator[Any]):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"<prep.Stream prefetch={self.prefetch} delivered={self._delivered} {state}>"
+        return f"<prep.Stream prefetch={self.prefetch} delivered={self._position.batches} {state}>"

@@ -21,6 +21,7 @@ from .._kept import keep_newest
 from ..errors import ConfigError
 from ..executors import Executor, traits_of
 from ..registry import IN_WORKERS
+from .position import Position
 from .stats import verdict
 from .strategy import StrategyPlan, check_strategy
 from .stream import Stream, check_prefetch
@@ -77,10 +78,12 @@ class Streams:
         prefetch: Any,
         strategy: Any,
         work: Work,
+        position: Position | None = None,
     ) -> Stream:
         """A stream of ``work`` over ``batches``: split batches through the pool's
         executor of ``kind`` (or in parts on its workers), whole ones on the workers of
-        a flavour the plan picks; none that starts processes unless ``may_fork``."""
+        a flavour the plan picks; none that starts processes unless ``may_fork``;
+        ``position``: where ``batches`` stand (None: at their start)."""
         flavours = kind.traits.stream_workers
         if not may_fork:  # a DataLoader worker cannot have children
             kept = tuple(f for f in flavours if not traits_of(f).needs_processes)
@@ -100,7 +103,9 @@ class Streams:
         plan = self.plan(strategy, (work.bound, work.samples, shaping), flavours or ("",))
         parts = kind.name if kind.name in flavours else None  # the executor's own workers
         submit = Submitter(plan, work, parts)
-        stream = Stream(work.split, batches, prefetch, submit=submit, workers=self.workers)
+        stream = Stream(
+            work.split, batches, prefetch, submit=submit, workers=self.workers, position=position
+        )
         if work.meter is not None:
             weakref.finalize(stream, work.meter.close)
         with self._lock:
