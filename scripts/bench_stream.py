@@ -12,6 +12,9 @@ The jobs need nothing downloaded (the ``bench`` extra: pillow, tokenizers):
            for serial, processes split and processes whole (trivial rows)
   jpeg     decode a JPEG (textured images made and encoded in memory with PIL),
            centre crop, resize to 224: uint8 [3, 224, 224]; batches of 64
+  augment  the same JPEGs as a training loop's images: decode, a random-resized crop
+           to 160 and a flip (drawn from each image's crc32, so every tool's rows can
+           be checked), normalised: float32 [3, 160, 160]; batches of 64
   tokens   a WordPiece tokenizer trained in memory on generated text (2,048 of
            them; ~0.3-0.6 ms a text: made-up words split into many pieces); ids cut at
            128, padded to the batch's longest (prep: pad=0; others: pad_sequence);
@@ -23,7 +26,10 @@ The jobs need nothing downloaded (the ``bench`` extra: pillow, tokenizers):
            total is max(work / N, steps) = the steps, and no overlap makes it 2x
 
 Every tool is warm (its pool, loader or workers built once, a pass untimed) and
-its output is checked equal to the plain loop's before timing. Items/s are
+its output is checked equal to the plain loop's before timing. "prep Loader" is
+``prep.Loader`` with its defaults (the items as its dataset, its workers sent
+indices); "caller CPU" is this process's CPU time a batch (the loop's process:
+its threads included, worker processes not). Items/s are
 medians; "limit" is the N-core limit (the plain loop's rate x N); a missing peer
 (spdl-core, torchdata) is reported as skipped.
 """
@@ -37,6 +43,7 @@ import os
 import platform
 import random
 import re
+import statistics
 import sys
 import threading
 import time
@@ -74,6 +81,30 @@ def decode(jpeg: bytes) -> torch.Tensor:
         .view(224, 224, 3)
         .permute(2, 0, 1)
     )
+
+
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+
+
+def augment(jpeg: bytes) -> torch.Tensor:
+    """The image pipeline of a training loop: decode, a random-resized crop to 160, a
+    flip, normalise to float32. "Random" from the image's own bytes (crc32), so that
+    every tool makes the same rows and they can be checked."""
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(jpeg)).convert("RGB")
+    w, h = img.size
+    r = zlib.crc32(jpeg)
+    scale = 0.35 + 0.65 * ((r & 0xFF) / 255)  # the crop's share of the area
+    side = max(16, int(min(w, h) * scale**0.5))
+    x0 = (r >> 8) % (w - side + 1)
+    y0 = (r >> 16) % (h - side + 1)
+    img = img.crop((x0, y0, x0 + side, y0 + side)).resize((160, 160), Image.BILINEAR)
+    if r >> 31:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(160, 160, 3)
+    return (pixels.permute(2, 0, 1).float() / 255 - MEAN) / STD
 
 
 TOKENIZER_JSON = ""  # set in main(); travels with the functions that use it
@@ -244,6 +275,13 @@ def contestants(job: Job, workers: int, closers: list[Callable[[], None]]) -> di
         runs[label] = run
         runs[label].pool = pool  # type: ignore[attr-defined]  # for its explain()
 
+    # prep's Loader: the items are its map-style dataset, its workers sent indices; its
+    # defaults (auto), on a shared pool that prep.shutdown() closes
+    ours = prep.Loader(job.items, job.prep_fn, batch_size=job.batch, workers=workers,
+                       setup=job.setup, **job.options)  # fmt: skip
+    closers.append(prep.shutdown)
+    runs["prep Loader"] = lambda sink: consume(iter(ours), job.step, sink)
+
     loader = torch.utils.data.DataLoader(
         ItemDataset(job.items, job.fn), batch_size=job.batch, num_workers=workers,
         persistent_workers=True, collate_fn=job.collate,
@@ -329,10 +367,27 @@ def check(name: str, got: list[torch.Tensor], want: list[torch.Tensor]) -> str |
     return None
 
 
+#: CPU seconds of this process (the training loop's: its threads, prep's producer and
+#: threads included; worker processes not) per pass of each tool, the last job's
+CPU: dict[str, list[float]] = {}
+
+
+def on_cpu(name: str, run: Callable[[Any], None]) -> Callable[[], None]:
+    """``run(None)``, its CPU time in this process kept in :data:`CPU`."""
+
+    def go() -> None:
+        t = time.process_time()
+        run(None)
+        CPU.setdefault(name, []).append(time.process_time() - t)
+
+    return go
+
+
 def race(
     job: Job, workers: int, repeat: int
 ) -> tuple[dict[str, Timing], list[str], dict[str, str]]:
     closers: list[Callable[[], None]] = []
+    CPU.clear()
     try:
         runs = contestants(job, workers, closers)
         want: list[torch.Tensor] = []
@@ -349,7 +404,7 @@ def race(
             if (why := check(name, got, want)) is not None:
                 wrong.append(why)
                 del runs[name]
-        timings = interleaved({n: (lambda r=r: r(None)) for n, r in runs.items()}, repeat, 1)
+        timings = interleaved({n: on_cpu(n, r) for n, r in runs.items()}, repeat, 1)
         explains = {
             n: r.pool.explain() for n, r in runs.items() if hasattr(r, "pool") and n == "prep auto"
         }
@@ -373,6 +428,7 @@ def report(job: Job, workers: int, timings: dict[str, Timing], wrong: list[str])
     rows = []
     for name, t in sorted(timings.items(), key=lambda kv: kv[1].median):
         rate = n / t.median
+        cpu = statistics.median(CPU[name]) / len(job.batches()) * 1e3 if CPU.get(name) else None
         rows.append(
             [
                 name,
@@ -380,6 +436,7 @@ def report(job: Job, workers: int, timings: dict[str, Timing], wrong: list[str])
                 f"{rate / bound:.2f}",
                 f"±{t.spread * 50:.0f}%",
                 f"{t.median:.3f}",
+                "-" if cpu is None else f"{cpu:.2f}",
             ]
         )
     lines = [
@@ -388,7 +445,7 @@ def report(job: Job, workers: int, timings: dict[str, Timing], wrong: list[str])
         + (f", the step {job.step * 1e3:.1f} ms a batch" if job.step else "")
         + f"); the bound: {bound_text} = {bound:,.0f} items/s",
         "",
-        table(rows, ["tool", "items/s", "x bound", "spread", "s/pass"]),
+        table(rows, ["tool", "items/s", "x bound", "spread", "s/pass", "caller CPU ms/batch"]),
     ]
     lines += [f"- not raced (wrong or failed): {w}" for w in wrong]
     lines += misses(job, timings, bound, per_row)
@@ -411,6 +468,16 @@ def misses(job: Job, timings: dict[str, Timing], bound: float, per_row: float) -
     if job.step or per_row >= 50:
         mark = "ok" if rate * 1.1 >= bound else "MISS"
         out.append(f"- {mark}: prep auto at {bound / rate:.2f}x the bound (target: within 1.1x)")
+    ours, theirs = (
+        timings.get("prep Loader"),
+        next((t for k, t in timings.items() if k.startswith("DataLoader")), None),
+    )
+    if ours is not None and theirs is not None:
+        ratio = theirs.median / ours.median  # > 1: the Loader is faster
+        goal = 1.0 if job.step else 0.95  # faster beside a step; within 5% alone
+        mark = "ok" if ratio >= goal else "MISS"
+        out.append(f"- {mark}: prep Loader {ratio:.2f}x the DataLoader's rate "
+                   f"(target: >= {goal:.2f}x)")  # fmt: skip
     return out
 
 
@@ -440,9 +507,13 @@ def machine(workers: int) -> list[str]:
 def jobs(quick: bool, workers: int, which: set[str]) -> Iterator[Job]:
     global TOKENIZER_JSON
     scale = 4 if quick else 1
-    if "jpeg" in which:
+    if "jpeg" in which or "augment" in which:
         items = make_jpegs(1024 // scale)
-        yield Job("jpeg", items, 64, decode, decode, stack, {})
+        if "jpeg" in which:
+            yield Job("jpeg", items, 64, decode, decode, stack, {})
+        if "augment" in which:
+            yield Job("augment (decode, random-resized crop, flip, normalise)", items, 64,
+                      augment, augment, stack, {})  # fmt: skip
     texts = make_texts(4096 // scale)
     if "tokens" in which:
         TOKENIZER_JSON = train_tokenizer(texts[:2000])
@@ -533,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small jobs, 2 repeats")
-    parser.add_argument("--jobs", default="fixed,jpeg,tokens,hash,overlap")
+    parser.add_argument("--jobs", default="fixed,jpeg,augment,tokens,hash,overlap")
     args = parser.parse_args(argv)
     # every tool is timed warm here, as a first run: auto starts from nothing remembered
     os.environ["PREP_WISDOM"] = "off"
