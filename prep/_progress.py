@@ -56,13 +56,14 @@ class CountBar:
         self._rows = 0
         self._start = time.perf_counter()
 
-    def advance(self, rows: int) -> None:
-        """One more item, of ``rows`` rows."""
+    def advance(self, rows: int, note: str | None = None) -> None:
+        """One more item, of ``rows`` rows; ``note`` after the rate ("waited 41%")."""
         if self._bar is None:
             return
         self._rows += rows
         rate = self._rows / max(time.perf_counter() - self._start, 1e-9)
-        self._bar.set_postfix_str(f"{self._rows:,} rows, {rate:,.0f} rows/s", refresh=False)
+        text = f"{self._rows:,} rows, {rate:,.0f} rows/s" + (f", {note}" if note else "")
+        self._bar.set_postfix_str(text, refresh=False)
         self._bar.update(1)
 
     def write(self, line: str, file: Any = None) -> None:

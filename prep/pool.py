@@ -148,7 +148,8 @@ class Pool:
         flight, as a DataLoader does (no barrier between batches; a batch takes one
         worker's time); ``"auto"`` measures both on the stream and keeps the faster
         (:meth:`explain` says which, and why). Takes :meth:`map_rows`'s keywords but
-        ``out=``; ``progress=True`` is a bar of batches (with rows/s). An error (from a
+        ``out=``; ``progress=True`` is a bar of batches (with rows/s and the share of the
+        stream's time your loop waited). An error (from a
         row, the pool or ``batches``) is raised when your loop reaches that batch, and no
         batch after it is delivered; ``break``, ``close()``, leaving a ``with`` block or
         Ctrl-C stop the stream (a batch running in the pool finishes; batches in flight

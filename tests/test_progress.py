@@ -6,6 +6,7 @@ import fcntl
 import functools
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -98,6 +99,7 @@ class Recorder:
     def __init__(self, total: int | None = None, **_: Any) -> None:
         self.total, self.n, self.shown = total, 0, [0]
         self.closed = False
+        self.postfix = ""
         self._lock = threading.Lock()
         Recorder.bars.append(self)
 
@@ -108,8 +110,8 @@ class Recorder:
             if 0 < self.n < Recorder.end:
                 Recorder.gate.touch()
 
-    def set_postfix_str(self, *_: Any, **__: Any) -> None:
-        pass
+    def set_postfix_str(self, text: str, **__: Any) -> None:
+        self.postfix = text
 
     def write(self, *_: Any, **__: Any) -> None:
         pass
@@ -175,6 +177,8 @@ def test_the_bar_of_a_stream_moves_as_batches_finish(no_leaks, bars, executor):
     assert all(torch.equal(g, torch.stack([r * 2 for r in b])) for g, b in zip(got, batches))
     (bar,) = Recorder.bars
     moved(bar, 8)
+    # the rows so far, and the share of the stream's time the loop waited (what bounds it)
+    assert re.fullmatch(r"32 rows, [\d,]+ rows/s, waited \d+%", bar.postfix), bar.postfix
 
 
 def test_no_bar_off_a_terminal(capsys):

@@ -50,6 +50,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
+from .._progress import CountBar
 from .._warn import warn
 from ..errors import ConfigError
 from . import stats as figures_of  # its clock, read where it is timed
@@ -197,7 +198,8 @@ class Stream(Iterator[Any]):
     what it measured and what bounds the loop, :meth:`state_dict` where it is
     (``position``: counted from a resumed state; None: from ``batches``' start);
     ``workers`` is how many workers its batches share (None: those of ``submit``'s
-    plan, else 1); ``measure=False`` keeps no figures (to measure what they cost).
+    plan, else 1); ``measure=False`` keeps no figures (to measure what they cost);
+    ``bar``: a bar of the batches taken, with the share of its time the loop waited.
     """
 
     def __init__(
@@ -210,8 +212,10 @@ class Stream(Iterator[Any]):
         workers: int | None = None,
         measure: bool = True,
         position: Position | None = None,
+        bar: CountBar | None = None,
     ) -> None:
         self.prefetch = check_prefetch(prefetch)
+        self._bar = bar
         self._call = call
         self._batches = iter(batches)
         self._position = position or Position(batches, self._batches)
@@ -251,6 +255,7 @@ class Stream(Iterator[Any]):
             self._position.handed(source)
             if meter is not None and figures is not None:
                 meter.took(asked, ready, figures)
+            self._count(value)
             return value
         self.close()  # the producer has ended; nothing follows
         if kind == END:
@@ -280,7 +285,17 @@ class Stream(Iterator[Any]):
         if self._meter is not None:
             ran = figures_of.clock() - pulled
             self._meter.took(asked, 0, BatchFigures(rows_in(result), pulled - asked, ran))
+        self._count(result)
         return result
+
+    def _count(self, result: Any) -> None:
+        """One more batch on the bar, with the share of the stream's time the loop waited."""
+        if self._bar is None:
+            return
+        meter, note = self._meter, None
+        if meter is not None and (elapsed := meter.last_taken - meter.start) > 0:
+            note = f"waited {meter.wait / elapsed:.0%}"
+        self._bar.advance(rows_in(result), note)
 
     def stats(self) -> StreamStats:
         """What the stream measured so far, and (its ``str()``) what bounds the loop.

@@ -18,6 +18,7 @@ from typing import Any
 
 from .._batch import check_seeded
 from .._kept import keep_newest
+from .._progress import CountBar
 from ..errors import ConfigError
 from ..executors import Executor, traits_of
 from ..registry import IN_WORKERS
@@ -103,11 +104,13 @@ class Streams:
         plan = self.plan(strategy, (work.bound, work.samples, shaping), flavours or ("",))
         parts = kind.name if kind.name in flavours else None  # the executor's own workers
         submit = Submitter(plan, work, parts)
+        bar = CountBar("batch") if work.progress else None
         stream = Stream(
-            work.split, batches, prefetch, submit=submit, workers=self.workers, position=position
-        )
-        if work.meter is not None:
-            weakref.finalize(stream, work.meter.close)
+            work.split, batches, prefetch, submit=submit, workers=self.workers,
+            position=position, bar=bar,
+        )  # fmt: skip
+        if bar is not None:
+            weakref.finalize(stream, bar.close)
         with self._lock:
             self._stream = weakref.ref(stream)  # what explain() says the loop achieved
         return stream

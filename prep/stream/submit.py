@@ -21,7 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _batch
-from .._progress import CountBar
 from .._warn import Site, pointing_at
 from ..core.checks import check_fn
 from ..core.options import Options
@@ -39,8 +38,8 @@ class Work:
     """What a stream runs: ``fn`` (``bound``: with its ``setup=`` state) with
     ``options`` on a pool's executors (``executors(name)``), each batch a list of
     samples or a batch of rows; ``executor`` names the one that runs split batches.
-    Warnings of its batches point at ``site`` (the ``imap`` call); ``progress`` is a
-    bar of batches."""
+    Warnings of its batches point at ``site`` (the ``imap`` call); ``progress``: the
+    stream shows a bar of batches."""
 
     def __init__(
         self,
@@ -55,7 +54,7 @@ class Work:
         self.options = options.with_(progress=False)  # the stream's bar counts batches
         self.executors, self.executor = executors, executor
         self.site = Site.here()  # the user's line that called imap
-        self.meter = CountBar("batch") if options.progress else None
+        self.progress = options.progress
         self._numbers = itertools.count()  # each batch's, in the order they are submitted
         self._rows = 0  # rows in the batches before the next one
         #: seed= with a function that draws from the global generators: no threads
@@ -80,8 +79,7 @@ class Work:
         check_fn(self.fn, None, "map_rows", "batch")  # raised at the batch, as its errors are
         options, place = self._next(len(rows))
         with pointing_at(self.site):
-            out = _batch.run(self.executors(self.executor), self.bound, rows, options, place)
-        return self._count(out, len(rows))
+            return _batch.run(self.executors(self.executor), self.bound, rows, options, place)
 
     def start(self, rows: Rows, ex: Executor) -> _batch.Batch:
         """The batch's job, for ``ex``'s workers to run."""
@@ -92,13 +90,7 @@ class Work:
     def finish(self, batch: _batch.Batch, result: Any, ex: Executor) -> Any:
         """The batch's result, once ``ex``'s workers made its output."""
         with pointing_at(self.site):
-            out = _batch.finish(batch, result, ex)
-        return self._count(out, len(batch.job.rows))
-
-    def _count(self, out: Any, rows: int) -> Any:
-        if self.meter is not None:
-            self.meter.advance(rows)
-        return out
+            return _batch.finish(batch, result, ex)
 
 
 class Submitter:
