@@ -18,132 +18,40 @@ same whatever batch it lands in, in any order, on any executor.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pickle
-import tempfile
-import threading
-import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from ._kept import keep_newest
+from ._fetch import Fetch, Keyed
 from .core.checks import call_problem, describe_callable
 from .core.options import Options
 from .core.seeding import Seeding, mix, takes_rng
 from .errors import ConfigError
-from .executors import pickle_fn
 from .pool import SHARED
 from .registry import AUTO
+from .stream.stats import Meter, StreamStats
 from .stream.stream import Stream, check_prefetch
-
-if TYPE_CHECKING:
-    from .stream.stats import StreamStats
 
 __all__ = ["Epoch", "Fetch", "Loader"]
 
 
-class Fetch:
-    """``fn(dataset[index])``: the row function of a Loader's stream, whose rows are
-    indices. Worker processes get it as a file they read once each (pickled on first
-    need, kept while the Loader lives), so a batch sends its indices alone, whatever
-    the engine pickles per batch; threads and serial index the dataset here."""
-
-    def __init__(self, dataset: Any, fn: Callable[..., Any]) -> None:
-        self.dataset, self.row_fn = dataset, fn
-        self._file: tuple[str, str] | None = None  # (path, token) once written
-        self._writer = os.getpid()  # the process that wrote it, the only one to remove it
-        self._lock = threading.Lock()
-
-    def __call__(self, index: int, **given: Any) -> Any:
-        return self.row_fn(self.dataset[index], **given)
-
-    def __repr__(self) -> str:
-        return f"{describe_callable(self.row_fn)} of {type(self.dataset).__name__}[i]"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        with self._lock:
-            if self._file is None:
-                self._file, self._writer = _write(self), os.getpid()
-        return (_read, self._file)
-
-    def forget(self) -> None:
-        """Remove the workers' file (its Loader is gone; prep's caches may keep this
-        object a while, and a later pickling writes it anew)."""
-        with self._lock:
-            written, self._file = self._file, None
-        if written is not None:
-            _remove(written[0], self._writer)
-
-
-class Keyed(Fetch):
-    """:class:`Fetch` whose rows are ``(index, seeds)``: the sample's draws seeded by
-    ``seeds.row(index)``, keyed by its index (``seeds``: the epoch's). A function that
-    takes ``rng`` is given a generator seeded so; any other draws from the global
-    generators, seeded so here, after prep seeded them for the row's place (prep's
-    ``seed=`` puts them back after the batch and keeps such rows off threads)."""
-
-    def __call__(self, item: tuple[int, Seeding], **given: Any) -> Any:  # type: ignore[override]
-        index, seeds = item
-        return self.row_fn(self.dataset[index], **given, **seeds.row(index))
-
-
-#: worker side: the Fetch of each file read, the latest kept (an engine that does not
-#: keep functions, joblib's, unpickles the small handle every batch)
-_READ: dict[str, Fetch] = {}
-_READ_LOCK = threading.Lock()
-#: Loaders whose datasets a worker process keeps
-READ = 4
-
-
-def _write(fetch: Fetch) -> tuple[str, str]:
-    """``fetch`` pickled (its dataset and function, by value where workers cannot
-    import them) into a file of its own, removed when its Loader goes."""
-    try:
-        blob = pickle_fn((type(fetch), fetch.dataset, fetch.row_fn))
-    except ConfigError as exc:
-        raise ConfigError(
-            f"worker processes get the dataset ({type(fetch.dataset).__name__}) and the row "
-            f"function {describe_callable(fetch.row_fn)} once, pickled, and they cannot be "
-            f"pickled ({exc.__cause__!r:.200}); make them picklable (open files and handles "
-            f"in __getitem__, or in setup=), or use executor='threads'"
-        ) from exc.__cause__
-    fd, path = tempfile.mkstemp(prefix="prep-loader-", suffix=".pkl")
-    with os.fdopen(fd, "wb") as f:
-        f.write(blob)
-    weakref.finalize(fetch, _remove, path, os.getpid())  # at exit, if not before
-    return path, uuid.uuid4().hex
-
-
-def _remove(path: str, pid: int) -> None:
-    if os.getpid() == pid:  # a forked child's copy is not its file
-        with contextlib.suppress(OSError):
-            os.remove(path)
-
-
-def _read(path: str, token: str) -> Fetch:
-    """The Fetch in ``path``, read once in this process."""
-    with _READ_LOCK:
-        fetch = _READ.get(token)
-        if fetch is None:
-            with open(path, "rb") as f:
-                kind, dataset, fn = pickle.load(f)
-            fetch = kind(dataset, fn)
-        keep_newest(_READ, token, fetch, READ)
-        return fetch
-
-
 @dataclass
 class _Place:
-    """Where an epoch's consumer is: the batches it was handed, and whether it ended."""
+    """Where an epoch's consumer is: the batches it was handed, and whether it ended;
+    its stream while it lives (for :meth:`Loader.stats`), its figures once it ends."""
 
     epoch: int
     batches: int
     ended: bool = False
+    stream: weakref.ref[Stream] | None = None
+    final: StreamStats | None = None
+
+    def stats(self) -> StreamStats | None:
+        stream = self.stream() if self.stream is not None else None
+        return stream.stats() if stream is not None else self.final
 
 
 class Epoch(Iterator[Any]):
@@ -154,6 +62,8 @@ class Epoch(Iterator[Any]):
 
     def __init__(self, stream: Stream, place: _Place) -> None:
         self._stream, self._place = stream, place
+        place.stream = weakref.ref(stream)
+        weakref.finalize(self, _keep_figures, place, stream)
 
     def __iter__(self) -> Epoch:
         return self
@@ -163,6 +73,7 @@ class Epoch(Iterator[Any]):
             batch = next(self._stream)
         except StopIteration:
             self._place.ended = True
+            self._place.final = self._stream.stats()
             raise
         self._place.batches += 1
         return batch
@@ -173,6 +84,7 @@ class Epoch(Iterator[Any]):
 
     def close(self) -> None:
         self._stream.close()
+        self._place.final = self._stream.stats()
 
     def __enter__(self) -> Epoch:
         return self
@@ -252,6 +164,13 @@ class Loader:
         self._place = _Place(epoch, skip)
         return Epoch(stream, self._place)
 
+    def stats(self) -> StreamStats:
+        """The latest epoch's figures (so far, while it runs), and (its ``str()``) what
+        bounds the loop: :meth:`prep.Pool.imap`'s ``stats()``."""
+        place = self._place
+        found = place.stats() if place is not None else None
+        return found if found is not None else Meter(0, 1).stats()  # no epoch yet
+
     def order(self, epoch: int) -> torch.Tensor:
         """The dataset's indices in epoch ``epoch``'s order (int64)."""
         if not self.shuffle:
@@ -307,6 +226,12 @@ class Loader:
             f"batch_size={self.batch_size}, executor={self._pool.executor!r}, "
             f"epoch {self.state_dict()['epoch']}>"
         )
+
+
+def _keep_figures(place: _Place, stream: Stream) -> None:
+    """An epoch dropped: its stream's figures kept for :meth:`Loader.stats`."""
+    if place.final is None:
+        place.final = stream.stats()
 
 
 def _drawn() -> int:

@@ -378,3 +378,18 @@ def test_a_state_of_another_loader_is_refused():
         prep.Loader(Numbers(12), affine).load_state_dict({"epoch": 1})
     with pytest.raises(prep.ConfigError, match="batches=-1"):
         prep.Loader(Numbers(12), affine, batch_size=4).load_state_dict({**state, "batches": -1})
+
+
+@pytest.mark.timeout(120)
+def test_the_loaders_stats_are_its_latest_epochs_and_name_what_bounds_the_loop():
+    loader = prep.Loader(list(range(12)), torch.tensor, batch_size=4, executor="threads")
+    assert loader.stats().batches == 0  # no epoch yet
+    epoch = iter(loader)
+    next(epoch)
+    assert loader.stats().batches == 1  # the running epoch, so far
+    rest = list(epoch)
+    assert len(rest) == 2 and loader.stats().batches == 3 and loader.stats().rows == 12
+    del epoch
+    assert loader.stats().batches == 3  # kept once the epoch is gone
+    assert "bound" in str(loader.stats())  # the verdict in one sentence
+    assert sum(1 for _ in loader) == 3 and loader.stats().batches == 3  # the next epoch's
