@@ -482,13 +482,10 @@ def misses(job: Job, timings: dict[str, Timing], bound: float, per_row: float) -
 
 
 def machine(workers: int) -> list[str]:
-    import PIL
-    import tokenizers
-
     versions = [f"python {platform.python_version()}", f"torch {torch.__version__}",
-                f"prep {getattr(prep, '__version__', '?')}", f"pillow {PIL.__version__}",
-                f"tokenizers {tokenizers.__version__}"]  # fmt: skip
-    for mod, name in [("spdl.pipeline", "spdl-core"), ("torchdata", "torchdata")]:
+                f"prep {getattr(prep, '__version__', '?')}"]  # fmt: skip
+    for mod, name in [("PIL", "pillow"), ("tokenizers", "tokenizers"),
+                      ("spdl.pipeline", "spdl-core"), ("torchdata", "torchdata")]:  # fmt: skip
         try:
             from importlib.metadata import version
 
