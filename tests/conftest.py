@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -101,3 +103,11 @@ def no_leaks() -> Iterator[None]:
     assert wait_until(lambda: shm_entries() <= before_shm), (
         f"/dev/shm entries left: {shm_entries() - before_shm}"
     )
+
+
+def run_script(script: str, *args: str) -> None:
+    """``script`` in a fresh interpreter with ``args``; it must print OK."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]

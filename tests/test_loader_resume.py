@@ -4,13 +4,13 @@ each is a plain loop's over its samples (issue 40's "done means", for the Loader
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.conftest import run_script
 
 ROOT = str(Path(__file__).resolve().parents[1])
 STOPS = (0, 1, 7)
@@ -54,13 +54,6 @@ else:
         torch.save(list(resumed), f"{{folder}}/rest{{k}}.pt")
 print("OK")
 """
-
-
-def run_script(script: str, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("executor", ["serial", "threads", "processes"])

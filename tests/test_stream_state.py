@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import subprocess
-import sys
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ import torch
 
 import prep
 from prep.stream.stream import THREAD_NAME
-from tests.conftest import wait_until
+from tests.conftest import run_script, wait_until
 
 ROOT = str(Path(__file__).resolve().parents[1])
 
@@ -180,13 +178,6 @@ with prep.Pool(executor, workers=2) as pool:
             torch.save(rest, f"{{folder}}/rest{{k}}.pt")
 print("OK")
 """
-
-
-def run_script(script: str, *args: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("executor", ["serial", "threads", "processes"])
