@@ -98,7 +98,6 @@ def test_each_function_compiles_apart_past_dynamos_limit_and_the_table_is_bounde
         assert out is not None and torch.equal(out.buffers[0], torch.func.vmap(fn)(x))
     assert backend.graphs == len(fns)
     assert len(ex._forms) == compiled_module.FORMS  # the oldest forgotten first
-    assert ex.compile_seconds is not None and ex.compile_seconds > 0
     ex.close()
     assert not ex._forms
 
@@ -256,7 +255,13 @@ def test_a_typical_program_never_pays_a_compile(backend):
 def test_inductor_compiles_the_chain_within_its_atol_and_once_for_every_size(monkeypatch):
     """A real compile (about 9 s cold on 2 cores, 1.5-2 s from inductor's disk cache):
     fused loops may reorder floating-point operations, so within an atol, not bit for bit."""
-    monkeypatch.setattr(compiled_module, "BACKEND", "inductor")
+    counted = Counting()
+
+    def inductor(gm: torch.fx.GraphModule, inputs: Any) -> Callable[..., Any]:
+        counted(gm, inputs)
+        return torch._inductor.compile(gm, inputs)
+
+    monkeypatch.setattr(compiled_module, "BACKEND", inductor)
     ex = CompiledExecutor()
     for n in (64, 17):
         x = torch.randn(n, 1024)
@@ -264,9 +269,7 @@ def test_inductor_compiles_the_chain_within_its_atol_and_once_for_every_size(mon
         assert out is not None
         want = prep.map_rows(chain, x, executor="serial")
         assert torch.allclose(out.buffers[0], want, rtol=0, atol=1e-6)
-        if n == 64:
-            first = ex.compile_seconds
-    assert ex.compile_seconds == first and len(ex._forms) == 1  # 17 rows: no new compile
+    assert len(ex._forms) == 1 and counted.graphs == 1  # 17 rows: no new compile
 
 
 @pytest.mark.timeout(600)

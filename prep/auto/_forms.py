@@ -7,6 +7,7 @@ kept only if it reproduces serial's rows (bit for bit, or within the declared
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, ClassVar
 
 import torch
@@ -30,6 +31,9 @@ MIN_VMAP_WORK = 3e-4
 COMPILE_PRIOR = 10.0
 #: rows a compiled form is checked on against serial's, when it compiles
 CHECK_ROWS = 8
+
+#: the longest compile (with its first call) each compiled executor took here
+_COMPILES: weakref.WeakKeyDictionary[Executor, float] = weakref.WeakKeyDictionary()
 
 #: why auto does not weigh a batched form under seed=
 SEEDED = "seed=: one batched call cannot seed each row's draws"
@@ -201,8 +205,9 @@ class CompiledModel(CostModel):
 
     @classmethod
     def start_cost(cls, ex: Executor) -> float | None:
-        """The last compile measured here (with its first call), else ``COMPILE_PRIOR``."""
-        return getattr(ex, "compile_seconds", None) or COMPILE_PRIOR
+        """The longest compile ``ex`` took here (a function it had compiled already takes
+        milliseconds, which says nothing of the next one), else ``COMPILE_PRIOR``."""
+        return _COMPILES.get(ex) or COMPILE_PRIOR
 
     @classmethod
     def prepare(cls, ex: Executor, job: Job) -> float:
@@ -222,6 +227,7 @@ class CompiledModel(CostModel):
         except Exception as exc:
             raise ExecutorUnavailable(f"it did not compile here ({why(exc)})") from exc
         took = time.perf_counter() - t
+        _COMPILES[ex] = max(took, _COMPILES.get(ex, 0.0))
         try:
             ref.run_range(0, k)
         except Exception as exc:  # serial, the reference, fails where it ran: not the same

@@ -23,7 +23,6 @@ import functools
 import itertools
 import os
 import threading
-import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +46,6 @@ class CompiledExecutor(VmapExecutor):
     """``torch.compile(torch.func.vmap(fn))``: vmap's form, compiled once per function.
 
     It runs the row functions vmap runs, and refuses the others with vmap's reasons.
-    ``compile_seconds`` is what the last compile here took (with its first call).
     """
 
     name = "compiled"
@@ -58,7 +56,6 @@ class CompiledExecutor(VmapExecutor):
         super().__init__(workers)
         self._forms: dict[Any, Callable[..., Any]] = {}
         self._lock = threading.Lock()
-        self.compile_seconds: float | None = None
 
     def _batched(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
         return functools.partial(self._call, fn), f"torch.compile(torch.func.vmap({_name(fn)}))"
@@ -73,12 +70,10 @@ class CompiledExecutor(VmapExecutor):
         # that its reasons (and a draw from the global generators) are vmap's own
         one = [c[:1].clone() if isinstance(c, torch.Tensor) else c for c in columns]
         vmap_of(fn, self.name)[0](*one, **{k: v[:1].clone() for k, v in named.items()})
-        t = time.perf_counter()
         form = compiled(fn)
         # views: the mark is the view's, not the caller's tensor's
         views = [_dynamic(c[:]) for c in columns]
         out = form(*views, **{k: _dynamic(v[:]) for k, v in named.items()})
-        self.compile_seconds = time.perf_counter() - t
         with self._lock:
             self._forms[made] = form
             while len(self._forms) > FORMS:
