@@ -11,7 +11,13 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
-import prep
+# executor 'compiled' on torch.compile's eager backend: it traces each function as
+# inductor would and generates no code, so that a suite over the registry does not pay
+# ~9 s of inductor compile a function (tests/test_compiled.py runs inductor itself).
+# Set before prep is imported: prep.executors.compiled reads it once, at import.
+os.environ.setdefault("PREP_COMPILE_BACKEND", "eager")
+
+import prep  # noqa: E402
 
 # auto's wisdom file (prep.auto.wisdom) is the user's: tests that use it set their own
 os.environ["PREP_WISDOM"] = "off"

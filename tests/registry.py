@@ -10,7 +10,7 @@ the error's type and the words that name the cause.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import prep
 
@@ -75,6 +75,8 @@ REFUSALS: tuple[Refusal, ...] = (
     Refusal("vmap", PER_ROW_ERRORS, prep.ConfigError, "needs a per-row executor",
             "one call makes every row, so a failing row fails it"),
 )  # fmt: skip
+#: compiled is vmap's form, compiled: it refuses what vmap refuses, for vmap's reasons
+REFUSALS += tuple(replace(r, executor="compiled") for r in REFUSALS if r.executor == "vmap")
 
 #: What an executor does not refuse but cannot be tested with, and why: the case
 #: would end or hang the test process, or the executor has no processes to show.
@@ -84,6 +86,7 @@ CANNOT: dict[str, dict[str, str]] = {
         "threads": "rows run in the caller's process: the crash ends the caller",
         "vectorized": "one call in the caller's process",
         "vmap": "one call in the caller's process",
+        "compiled": "one call in the caller's process",
         # auto measures its first rows in the caller's process: tested in a child
         # process of its own (tests/test_faults.py), not in the table of crashes
         "auto": "measures the first rows in the caller's process (tested in a child)",
@@ -92,6 +95,7 @@ CANNOT: dict[str, dict[str, str]] = {
         "serial": "checks timeout= before each row: a row that never returns is not interrupted",
         "vectorized": "one call, checked before it (docs/errors.md)",
         "vmap": "one call, checked before it (docs/errors.md)",
+        "compiled": "one call, checked before it (docs/errors.md)",
         "auto": "measures the first rows of a function's first batch in the caller's thread, "
         "which timeout= cannot interrupt (a documented limit: docs/errors.md)",
     },
@@ -100,6 +104,7 @@ CANNOT: dict[str, dict[str, str]] = {
         "joblib": "one batch at a time through it (docs/api.md, Pool.imap)",
         "vectorized": "one call a batch",
         "vmap": "one call a batch",
+        "compiled": "one call a batch",
         "auto": "one batch at a time through auto under split (docs/api.md, Pool.imap)",
     },
     PROCESSES: {
@@ -107,6 +112,7 @@ CANNOT: dict[str, dict[str, str]] = {
         "threads": "runs in the caller's process",
         "vectorized": "runs in the caller's process",
         "vmap": "runs in the caller's process",
+        "compiled": "runs in the caller's process",
         "auto": "runs wherever its choice runs",
     },
 }

@@ -613,8 +613,8 @@ def test_auto_starts_and_runs_any_executor_through_the_contract(monkeypatch):
             return 0.0
 
         @classmethod
-        def prepare(cls, ex, fn, timeout):
-            ex.prepared.append(fn)
+        def prepare(cls, ex, job):
+            ex.prepared.append(job.fn)
             return 0.001
 
     monkeypatch.setitem(MODELS, "processes", InProcessModel)

@@ -6,7 +6,7 @@ the models need not import the sample and the figures, which name the models."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from ..executors import Executor, Job
 
@@ -114,6 +114,8 @@ class CostModel:
     #: starting it costs enough that auto predicts it without starting it, and starts
     #: it only once what it would have saved pays for the start (rent or buy)
     rent_or_buy: ClassVar[bool] = False
+    #: what ``explain`` says before the reason :meth:`prepare` failed (it is dropped)
+    prepare_failed: ClassVar[str] = "its workers could not load the function"
 
     @classmethod
     def ruled_out(cls, job: Job) -> str | None:
@@ -172,8 +174,10 @@ class CostModel:
         return None
 
     @classmethod
-    def prepare(cls, ex: Executor, fn: Callable[..., Any], timeout: float | None) -> float:
-        """Make ``ex`` ready to run ``fn`` (workers started, ``fn`` loaded); the seconds."""
+    def prepare(cls, ex: Executor, job: Job) -> float:
+        """Make ``ex`` ready to run ``job``'s function (workers started and the function
+        loaded, or compiled on a few of its rows), within the job's deadline; the
+        seconds. :class:`~prep.errors.ExecutorUnavailable` where it cannot."""
         return 0.0
 
     @classmethod

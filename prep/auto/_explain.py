@@ -13,6 +13,14 @@ from ._figures import Figures
 
 #: how a line names one of a pool's workers, where that is not its name
 ONE = {"processes": "process"}
+#: what a line says of a form auto rents or buys whose start is a compile, not a pool's
+#: (not started: what it is, and when it starts)
+COMPILES = {
+    "compiled": (
+        "not compiled yet",
+        "compiled compiles once the batches so far have taken as long as its compile",
+    )
+}
 
 
 def _us(seconds: float | None) -> str:
@@ -41,7 +49,10 @@ class CalibrationText:
             + f"; calibrated in {cal.seconds * 1e3:.1f} ms, computing {cal.sample} of the rows",
             self._measured(),
             "  predicted for a whole batch: "
-            + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in predicted),
+            + ", ".join(
+                f"{k} {v * 1e3:.1f} ms" if v or k not in cal.to_start() else f"{k} not measured"
+                for k, v in predicted
+            ),
         ]
         if cal.observed:
             lines.append(
@@ -74,7 +85,8 @@ class CalibrationText:
         """One sentence first: what auto runs and why, before the figures."""
         cal = self.figures
         choice = cal.choice
-        others = sorted((n for n in cal.predicted if n != choice), key=cal.figure)
+        waiting = {n for n in cal.to_start() if not cal.figure(n)}  # not measured: no figure
+        others = sorted((n for n in cal.predicted if n not in {choice, *waiting}), key=cal.figure)
         if cal.remembered and not cal.observed:
             return f"{choice}: remembered from an earlier run here, not yet timed in this one."
         if not cal.settled:
@@ -91,7 +103,10 @@ class CalibrationText:
             text += ", against " + ", ".join(f"{n} {_ms(cal.figure(n))}" for n in others[:2])
         for name in cal.to_start():
             if name != choice and cal.figure(name) < cal.figure(choice):
-                text += f"; {name} start once what they save has paid for their start-up"
+                words = COMPILES.get(name, ("", ""))[1]
+                text += "; " + (
+                    words or f"{name} start once what they save has paid for their start-up"
+                )
         return text + "."
 
     def _measured(self) -> str:
@@ -111,6 +126,11 @@ class CalibrationText:
             )
         for name in cal.to_start():
             start = cal.start.get(name)
+            if name in COMPILES:
+                text += f", {name} {COMPILES[name][0]}" + (
+                    f" (+{start * 1e3:,.0f} ms to compile it)" if start is not None else ""
+                )
+                continue
             text += (
                 f" (no pool yet: +{start * 1e3:,.0f} ms to start it, measured)"
                 if start is not None
@@ -138,4 +158,4 @@ class CalibrationText:
         return lines
 
 
-__all__ = ["ONE", "CalibrationText"]
+__all__ = ["COMPILES", "ONE", "CalibrationText"]

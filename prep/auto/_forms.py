@@ -1,24 +1,39 @@
 """auto's models of the batched forms (an executor that makes every row in one call):
-the row function's batched twin (``vectorized``) and ``torch.func.vmap`` of it. Each
-is kept only if it reproduces serial's rows (bit for bit, or within the twin's
-declared ``atol``)."""
+the row function's batched twin (``vectorized``), ``torch.func.vmap`` of it, and
+``torch.compile`` of that (``compiled``, a form with a start: its compile). Each is
+kept only if it reproduces serial's rows (bit for bit, or within the declared
+``atol``)."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+import weakref
+from typing import Any, ClassVar
 
 import torch
 
 from ..core.output import Output, flatten
-from ..core.rowwise import twin_of
+from ..core.rows import TensorRows
+from ..core.rowwise import atol_of, twin_of
 from ..core.trust import same
-from ..executors import Job, vmap_of
+from ..errors import ExecutorUnavailable
+from ..executors import Executor, Job, vmap_of
 from ._cost import CostModel, Measured, Sampling
 
 #: seconds of serial work for a whole batch below which auto does not try vmap: a
 #: first vmap call costs a few hundred microseconds whatever the rows
 MIN_VMAP_WORK = 3e-4
 
+
+#: seconds auto counts a compile as costing until one was measured in this interpreter:
+#: inductor's cold compile of a small row function on a 2-core machine (8.6-11 s,
+#: docs/benchmarks.md; 1.5-2.3 s from its disk cache)
+COMPILE_PRIOR = 10.0
+#: rows a compiled form is checked on against serial's, when it compiles
+CHECK_ROWS = 8
+
+#: the longest compile (with its first call) each compiled executor took here
+_COMPILES: weakref.WeakKeyDictionary[Executor, float] = weakref.WeakKeyDictionary()
 
 #: why auto does not weigh a batched form under seed=
 SEEDED = "seed=: one batched call cannot seed each row's draws"
@@ -158,6 +173,77 @@ class VmapModel(VectorizedModel):
         return agrees
 
 
+class CompiledModel(CostModel):
+    """``torch.compile`` of vmap of the row function: a batched form whose compile is a
+    start, which auto rents or buys as it does a process pool's (``rent_or_buy``).
+
+    Weighed only where vmap of the row function ran on the sample and gave serial's
+    rows (a function vmap cannot run, compiled, cannot run either). What it takes once
+    compiled cannot be known without compiling it: until a batch has run on it, it is
+    counted at 0 s, the most it could save, so that auto compiles once the batches so
+    far took as long as the compile costs (:data:`COMPILE_PRIOR` until one compile was
+    measured here). A program whose work on a function is shorter than a compile never
+    compiles it; one that goes on pays at most about twice the best in hindsight.
+    Its compile runs on copies of the first rows left, which must then equal serial's
+    (within ``@prep.rowwise(atol=...)``): a form that differs, or does not compile, is
+    dropped with the reason. Once it ran, its batches are its figure, as any executor's.
+    """
+
+    name = "compiled"
+    rent_or_buy = True
+    prepare_failed: ClassVar[str] = "its compiled form is not used"
+
+    @classmethod
+    def ruled_out(cls, job: Job) -> str | None:
+        return VmapModel.ruled_out(job)
+
+    @classmethod
+    def estimate(cls, cal: Measured, rows: int, cores: int) -> float | None:
+        if VmapModel.name not in cal.batched_rows or VmapModel.name in cal.dropped:
+            return None
+        return 0.0  # at best: its batches measure it (``Figures.figure``)
+
+    @classmethod
+    def start_cost(cls, ex: Executor) -> float | None:
+        """The longest compile ``ex`` took here (a function it had compiled already takes
+        milliseconds, which says nothing of the next one), else ``COMPILE_PRIOR``."""
+        return _COMPILES.get(ex) or COMPILE_PRIOR
+
+    @classmethod
+    def prepare(cls, ex: Executor, job: Job) -> float:
+        """Compile the form on copies of up to ``CHECK_ROWS`` rows left (its batch
+        dimension dynamic: the batches reuse it) and hold its rows to serial's on
+        other copies; the seconds that took. :class:`~prep.errors.ExecutorUnavailable`
+        where it cannot compile or gives other values."""
+        rows, at = job.rows, job.start
+        k = min(CHECK_ROWS, len(rows) - at)
+        if not isinstance(rows, TensorRows) or k < 1:
+            raise ExecutorUnavailable("there is no batch of tensors to compile it on")
+        copies = [rows.take(at, at + k) for _ in range(2)]
+        mine, ref = (Job.new(job.fn, r.replace(r.columns)) for r in copies)
+        t = time.perf_counter()
+        try:
+            out = ex.run(mine)
+        except Exception as exc:
+            raise ExecutorUnavailable(f"it did not compile here ({why(exc)})") from exc
+        took = time.perf_counter() - t
+        _COMPILES[ex] = max(took, _COMPILES.get(ex, 0.0))
+        try:
+            ref.run_range(0, k)
+        except Exception as exc:  # serial, the reference, fails where it ran: not the same
+            raise ExecutorUnavailable(f"a row it made fails under serial ({why(exc)})") from exc
+        atol = atol_of(job.fn)
+        row = first_difference(out, ref.sink.output, k, atol)
+        if row is not None:
+            raise ExecutorUnavailable(
+                f"its row {at + row} differs from the row function's"
+                + (f" by more than atol={atol}" if atol else "")
+                + " (serial is the reference, and fused loops may reorder floating-point "
+                "operations: declare what you accept with @prep.rowwise(atol=...))"
+            )
+        return took
+
+
 def first_difference(out: Output | None, ref: Output | None, k: int, atol: float) -> int | None:
     """The first of rows ``0:k`` where ``out`` differs from ``ref`` (serial's), in
     structure, shape, dtype or value (within ``atol``); None where they agree."""
@@ -185,4 +271,11 @@ def why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-__all__ = ["MIN_VMAP_WORK", "VectorizedModel", "VmapModel"]
+__all__ = [
+    "CHECK_ROWS",
+    "COMPILE_PRIOR",
+    "MIN_VMAP_WORK",
+    "CompiledModel",
+    "VectorizedModel",
+    "VmapModel",
+]

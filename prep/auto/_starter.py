@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from ..core.state import setup_seconds
 from ..core.trust import Probe, mismatch_reason, writes_input
 from ..errors import ExecutorUnavailable
-from ..executors import Executor, Job
+from ..executors import Executor, Job, traits_of
 from ._decisions import Decisions
 from ._sample import now
 from .models import model
@@ -58,8 +58,9 @@ class Starter:
         start = cost.start_cost(ex)
         # each new worker builds its own state first: setup=, once per worker, counted
         # as the CPU time it takes (a 2 s model on two workers is 4 s to win back)
+        processes = traits_of(name).needs_processes
         cal.setup_seconds = setup_seconds(job.fn)
-        setup = cal.setup_seconds * self.workers
+        setup = cal.setup_seconds * self.workers if processes else 0.0
         if start is None:  # not known before it has warmed up: warm it, in the background
             failed = cost.start_failure()
             if failed:
@@ -77,17 +78,18 @@ class Starter:
         cal.start[name] = start + setup
         if not d.plan_start(name, start + setup, rows):
             return
-        probe = self.probe_for(d, job)
+        # rows made in other interpreters are checked against a probe of serial's here
+        probe = self.probe_for(d, job) if processes else None
         if probe is not None and (row := probe.writes_input()) is not None:
             with self._lock:
                 d.drop(name, writes_input(job.start + row))
             return
         d.probe = (job, probe)  # compared with the workers' rows of this very batch
         try:
-            took = cost.prepare(ex, job.fn, job.remaining())
+            took = cost.prepare(ex, job)
         except ExecutorUnavailable as exc:
             with self._lock:
-                d.drop(name, f"its workers could not load the function: {exc}")
+                d.drop(name, f"{cost.prepare_failed}: {exc}")
             return
         with self._lock:
             cal.start[name] = took

@@ -39,7 +39,7 @@ from ..executors import (
     warm_up,
 )
 from ._cost import CostModel, Measured, Sampling, T
-from ._forms import VectorizedModel, VmapModel
+from ._forms import CompiledModel, VectorizedModel, VmapModel
 from ._prediction import Prediction
 
 #: seconds handing a batch's parts to the threads and back adds, as auto counts it
@@ -181,10 +181,11 @@ class ProcessesModel(CostModel):
         return best
 
     @classmethod
-    def prepare(cls, ex: Executor, fn: Callable[..., Any], timeout: float | None) -> float:
-        """Start the workers if needed and have every one load ``fn``; the seconds that
-        took. Raises :class:`~prep.errors.FunctionLoadError` if a worker cannot load
+    def prepare(cls, ex: Executor, job: Job) -> float:
+        """Start the workers if needed and have every one load the function; the seconds
+        that took. Raises :class:`~prep.errors.FunctionLoadError` if a worker cannot load
         it, :class:`~prep.errors.ExecutorUnavailable` if the workers cannot start."""
+        fn, timeout = job.fn, job.remaining()
         key = ex.engine.prepare(fn).key
         t = time.perf_counter()
         limit = LOAD_TIMEOUT if timeout is None else max(0.0, timeout)
@@ -221,10 +222,19 @@ def _load_error(exc: Exception, fn: Any, limit: float) -> FunctionLoadError:
 
 
 #: the model of each executor auto weighs, by name, in the registry's order (a batched
-#: twin the user wrote comes before vmap). joblib has none: its loky workers are not
-#: predicted (docs/auto.md says why), so auto never weighs it.
+#: twin the user wrote comes before vmap, and vmap before its compiled form). joblib has
+#: none: its loky workers are not predicted (docs/auto.md says why), so auto never
+#: weighs it.
 MODELS: dict[str, type[CostModel]] = {
-    m.name: m for m in (SerialModel, ThreadsModel, ProcessesModel, VectorizedModel, VmapModel)
+    m.name: m
+    for m in (
+        SerialModel,
+        ThreadsModel,
+        ProcessesModel,
+        VectorizedModel,
+        VmapModel,
+        CompiledModel,
+    )
 }
 
 

@@ -11,6 +11,9 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ATTR = "__prep_twin__"
+#: the row function's own ``atol`` (``@prep.rowwise(atol=...)``): how far its compiled
+#: form may be from it
+_ATOL = "__prep_atol__"
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,12 @@ class BoundTwin:
 
 def rowwise(
     *,
-    batched: Callable[..., Any],
+    batched: Callable[..., Any] | None = None,
     rename: Mapping[str, str] | None = None,
     atol: float = 0.0,
 ) -> Callable[[F], F]:
-    """Mark a row function as having a batched twin.
+    """Mark a row function as having a batched twin, or (``atol=`` alone) as accepting
+    that its compiled form differs from it by up to ``atol``.
 
     ``executor="vectorized"`` then calls ``batched(*columns, **kwargs)`` once
     instead of the row function once per row. A ``functools.partial`` of the
@@ -71,6 +75,11 @@ def rowwise(
     ``atol``, for a twin whose floating-point sums run in another order), and
     ``executor="vectorized"`` warns once when they differ.
 
+    ``atol`` also holds for the row function's compiled form (``torch.compile`` of
+    ``torch.func.vmap`` of it: executor ``"compiled"``), whose fused loops may
+    reorder floating-point operations: ``@prep.rowwise(atol=1e-6)``, without a twin,
+    says just that (``auto`` drops a compiled form whose rows differ by more).
+
     >>> import torch, prep
     >>> def double_all(x):
     ...     return x * 2
@@ -80,17 +89,24 @@ def rowwise(
     >>> prep.map_rows(double, torch.ones(3, 2), executor="vectorized").tolist()
     [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
     """
-    if not callable(batched):
+    if batched is not None and not callable(batched):
         raise TypeError(f"rowwise(batched=...) needs a callable, got {batched!r}")
+    if batched is None and rename:
+        raise TypeError(
+            "rowwise(rename=...) maps columns to the twin's parameters: give the twin "
+            "too, as rowwise(batched=..., rename=...)"
+        )
     if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not atol >= 0:
         raise TypeError(
             f"rowwise(atol={atol!r}) is not a number >= 0; pass the largest absolute "
             f"difference you accept between the twin's values and the row function's"
         )
-    twin = Twin(batched, dict(rename or {}), float(atol))
+    twin = Twin(batched, dict(rename or {}), float(atol)) if batched is not None else None
 
     def mark(fn: F) -> F:
-        setattr(fn, _ATTR, twin)
+        if twin is not None:
+            setattr(fn, _ATTR, twin)
+        setattr(fn, _ATOL, float(atol))
         return fn
 
     return mark
@@ -118,3 +134,9 @@ def twin_of(fn: Callable[..., Any]) -> BoundTwin | None:
         return None
     renamed = {twin.rename.get(k, k): v for k, v in kwargs.items()}
     return BoundTwin(twin, args, renamed)
+
+
+def atol_of(fn: Callable[..., Any]) -> float:
+    """How far ``fn``'s compiled form may be from it (``@prep.rowwise(atol=...)``, looking
+    through ``functools.partial``): 0.0, bit for bit, unless declared."""
+    return float(getattr(unwrap_partial(fn)[0], _ATOL, 0.0))

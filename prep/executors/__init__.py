@@ -33,6 +33,7 @@ from ._spawn import fork_is_safe, server_running, start_costs, start_method, war
 from ._ticket import Call, Load, Part, Ticket, Whole, wait_any
 from ._transport import describe_fn, pickle_fn, shm_fits, shm_free
 from ._worker import identity as noop_row
+from .compiled import CompiledExecutor
 from .joblib_loky import JoblibExecutor
 from .processes import ProcessExecutor
 from .serial import SerialExecutor
@@ -48,6 +49,7 @@ REGISTRY: dict[str, type[Executor]] = {
         JoblibExecutor,
         VectorizedExecutor,
         VmapExecutor,
+        CompiledExecutor,
     )
 }
 
@@ -66,6 +68,7 @@ __all__ = [
     "Call",
     "Chunk",
     "ChunkMerge",
+    "CompiledExecutor",
     "Executor",
     "Job",
     "Known",

@@ -113,8 +113,8 @@ class VectorizedExecutor(Executor):
             return twin
         if not self._pads:
             raise ConfigError(
-                "executor='vmap' cannot return ragged rows (every row of a vmap has one "
-                "shape); use a per-row executor with pad=, or a twin that pads"
+                f"executor={self.name!r} cannot return ragged rows (every row of a vmap has "
+                f"one shape); use a per-row executor with pad=, or a twin that pads"
             )
         wants = {"pad": padding.pad} | ({"pad_to": padding.to} if padding.to is not None else {})
         batched = getattr(getattr(twin, "twin", None), "batched", twin)  # a rowwise twin's own
@@ -145,6 +145,9 @@ class VmapExecutor(VectorizedExecutor):
     traits = Traits(per_row=False, in_caller=True)
     _pads = False  # every row of a vmap has one shape
 
+    #: what makes the batched form, as its errors name it
+    _maker = "torch.func.vmap"
+
     def _batched(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
         return vmap_of(fn)
 
@@ -154,15 +157,15 @@ class VmapExecutor(VectorizedExecutor):
         except PrepError:
             raise
         except Exception as exc:
-            error = _vmap_error(job, exc)
+            error = _vmap_error(job, exc, self.name, self._maker)
             if error is exc:
                 raise
             raise error from exc
 
 
-def vmap_of(fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
+def vmap_of(fn: Callable[..., Any], executor: str = "vmap") -> tuple[Callable[..., Any], str]:
     """``torch.func.vmap`` of the row function, as one call on a batch's columns, and its
-    name for messages."""
+    name for messages (``executor`` names who refuses a function that draws)."""
 
     def call(*columns: Any, **named: Any) -> Any:
         # vmap maps positional inputs only: pass named columns positionally, rename inside
@@ -175,8 +178,8 @@ def vmap_of(fn: Callable[..., Any]) -> tuple[Callable[..., Any], str]:
         if (drew := before.moved_besides_torch()) is not None:
             forget(_DRAWS, fn)  # every call of it is refused alike
             raise VmapUnsupported(
-                f"executor='vmap' cannot run {_name(fn)}: it draws from {drew}, and vmap calls "
-                f"it once for every row, so every row would get the same numbers. Use a "
+                f"executor={executor!r} cannot run {_name(fn)}: it draws from {drew}, and vmap "
+                f"calls it once for every row, so every row would get the same numbers. Use a "
                 f"per-row executor ('serial', 'processes', or 'auto', which leaves vmap out), "
                 f"or draw with torch (vmap refuses that too: per-row executors run it)"
             )
@@ -193,7 +196,9 @@ class _Draws:
 _DRAWS = _Draws()
 
 
-def _vmap_error(job: Job, exc: Exception) -> Exception:
+def _vmap_error(
+    job: Job, exc: Exception, executor: str = "vmap", maker: str = "torch.func.vmap"
+) -> Exception:
     """What vmap's failure means: the row function's own error where it fails on a
     plain row too (raised as it is), else a :class:`VmapUnsupported` that says why and
     what runs it. It runs the first row once more, on a copy, and only once vmap has
@@ -212,7 +217,7 @@ def _vmap_error(job: Job, exc: Exception) -> Exception:
     text = str(exc).strip()
     reason = text.splitlines()[0].rstrip(".") if text else type(exc).__name__
     return VmapUnsupported(
-        f"executor='vmap' cannot run {_name(job.fn)}: torch.func.vmap raised "
+        f"executor={executor!r} cannot run {_name(job.fn)}: {maker} raised "
         f"{type(exc).__name__}: {reason}. The function runs on a single row, but vmap runs "
         f"all rows as one traced batch, so it cannot read values (.item(), int(row[0]), a "
         f"Python if on data) nor make shapes that depend on them. Use executor='auto' "
