@@ -280,3 +280,23 @@ def test_auto_holds_an_inductor_form_to_serial_within_the_declared_atol(monkeypa
     assert cal.choice == "compiled" and "compiled" not in cal.dropped, str(cal)
     for got, want in outs:
         assert torch.allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_prep_runs_plan_never_compiles_unasked(tmp_path, monkeypatch):
+    """Under auto, ``prep run`` measures on its first shard only the forms that cost
+    nothing to try: a compile is seconds of a core that no shard asked for."""
+    import prep.run
+    from prep.run import shards as S
+
+    compiles: list[Any] = []
+    monkeypatch.setattr(CompiledExecutor, "run", lambda self, job: compiles.append(job))
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(3):
+        S.save_shard({"x": torch.full((16, 4), float(k))}, data / f"s{k}.pt", "pt")
+    config = prep.run.RunConfig("tests.rowfns:affine", columns=("x",))
+    summary = prep.run.run_shards([data], tmp_path / "out", config)
+    assert (summary.exit_code, summary.done) == (0, 3) and not compiles
+    named = prep.run.RunConfig("tests.rowfns:affine", columns=("x",), executor="compiled")
+    monkeypatch.undo()  # named, it runs (on the suite's eager backend)
+    assert prep.run.run_shards([data], tmp_path / "named", named).exit_code == 0

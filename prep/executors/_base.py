@@ -91,6 +91,9 @@ class Traits:
     #: whether rows run at once in threads of one process, sharing its global random
     #: generators (``seed=`` then needs a row function that draws from its own ``rng``)
     shares_generators: bool = False
+    #: whether its first call of a function compiles it (seconds of a core): auto rents or
+    #: buys it (its cost model), and nothing tries it unasked (``prep run``'s plan)
+    compiles: bool = False
 
 
 class Executor(ABC):

@@ -49,7 +49,7 @@ class CompiledExecutor(VmapExecutor):
     """
 
     name = "compiled"
-    traits = Traits(per_row=False, in_caller=True)
+    traits = Traits(per_row=False, in_caller=True, compiles=True)
     _maker = "torch.compile(torch.func.vmap)"
 
     def __init__(self, workers: int | None = 1) -> None:

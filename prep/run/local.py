@@ -43,6 +43,7 @@ from ..executors import (
     server_running,
     start_costs,
     threads_per_worker,
+    traits_of,
     wait_any,
     warm_up,
 )
@@ -300,7 +301,9 @@ def first_shard_figures(
         def run(executor: str, k: int) -> Any:
             return SHARED.pool(executor, 1).run(fn, rows_of(_head(batch, k)), options)
 
-        names = IN_WORKER if config.executor == AUTO else (config.executor,)
+        # under auto, the forms a worker may run that cost nothing to try (no compile)
+        tried = tuple(n for n in IN_WORKER if not traits_of(n).compiles)
+        names = tried if config.executor == AUTO else (config.executor,)
         head = _head(batch, 1)
         row_bytes = sum(t.nbytes for t in (head.values() if isinstance(head, dict) else head))
         forms = measure(run, min(n, max(3, _SLICE_BYTES // max(1, row_bytes))), workers, names)
