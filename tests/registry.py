@@ -31,6 +31,7 @@ WHOLE = "a stream's strategy='whole' (workers to give whole batches to)"
 PARTS = "a stream's strategy='split' with several batches in flight (parts on its workers)"
 TORCH_DRAWS = "a row function that draws from torch's default generator (torch.rand)"
 GLOBAL_DRAWS = "a row function that draws from Python's random or numpy's global generator"
+FOLLOWS = "a row function that reads the environment or the directory, changed between batches"
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,12 @@ CANNOT: dict[str, dict[str, str]] = {
         "compiled": "one call a batch",
         "auto": "one batch at a time through auto under split (docs/api.md, Pool.imap)",
     },
+    FOLLOWS: {
+        # a documented limit (docs/api.md, executor="compiled"): dynamo keeps the graph it
+        # traced of the row function's code, and guards neither os.environ nor os.getcwd()
+        "compiled": "what the function reads of them is fixed at its compile, as torch.compile "
+        "fixes it",
+    },
     PROCESSES: {
         "serial": "runs in the caller's process",
         "threads": "runs in the caller's process",
@@ -119,7 +126,7 @@ CANNOT: dict[str, dict[str, str]] = {
 
 #: every need a suite may name (STATE: no executor refuses setup= itself)
 _NEEDS = {NO_TWIN, READS_VALUES, SAMPLES, PAD, PER_ROW_ERRORS, STATE, CRASH, HANG, PROCESSES,
-          WHOLE, PARTS, TORCH_DRAWS, GLOBAL_DRAWS}  # fmt: skip
+          WHOLE, PARTS, TORCH_DRAWS, GLOBAL_DRAWS, FOLLOWS}  # fmt: skip
 
 
 def refusals(executor: str, *needs: str) -> list[Refusal]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import prep
+from tests import registry
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -47,7 +48,7 @@ def places(tmp_path, monkeypatch):
 # a batch's first rows that differ from serial's get a warning from a named executor:
 # here there must be none, so it fails the test
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("executor", list(prep.EXECUTORS))
+@pytest.mark.parametrize("executor", registry.executors(registry.FOLLOWS))
 def test_workers_see_the_callers_environment_and_directory_at_every_batch(
     executor, places, monkeypatch, no_leaks
 ):
@@ -68,6 +69,17 @@ def test_workers_see_the_callers_environment_and_directory_at_every_batch(
             assert torch.equal(pool.map_rows(scaled, x), want), f"map_rows on {executor}"
             for got in pool.imap(scaled, [x, x]):
                 assert torch.equal(got, want), f"imap on {executor}"
+
+
+def test_a_compiled_form_keeps_what_it_read_at_its_compile(places, monkeypatch):
+    """The documented limit behind registry.FOLLOWS: a change after the compile is not
+    seen (torch.compile guards neither the environment nor the directory)."""
+    x = torch.arange(8.0).view(4, 2)
+    with prep.Pool("compiled") as pool:
+        first = pool.map_rows(scaled, x)
+        assert torch.equal(first, reference(x))
+        monkeypatch.setenv("PREP_TEST_SCALE", "3")
+        assert torch.equal(pool.map_rows(scaled, x), first)  # not reference(x): the limit
 
 
 def test_the_context_is_one_object_until_something_changes(places, monkeypatch):
