@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import math
 
+from ..executors import traits_of
 from ._figures import Figures
 
 #: how a line names one of a pool's workers, where that is not its name
 ONE = {"processes": "process"}
 #: what a line says of a form auto rents or buys whose start is a compile, not a pool's
-#: (not started: what it is, and when it starts)
-COMPILES = {
-    "compiled": (
-        "not compiled yet",
-        "compiled compiles once the batches so far have taken as long as its compile",
-    )
-}
+#: (``Traits.compiles``; not started: what it is, and when it starts)
+COMPILES = (
+    "not compiled yet",
+    "{} compiles once the batches so far have taken as long as its compile",
+)
 
 
 def _us(seconds: float | None) -> str:
@@ -103,9 +102,10 @@ class CalibrationText:
             text += ", against " + ", ".join(f"{n} {_ms(cal.figure(n))}" for n in others[:2])
         for name in cal.to_start():
             if name != choice and cal.figure(name) < cal.figure(choice):
-                words = COMPILES.get(name, ("", ""))[1]
                 text += "; " + (
-                    words or f"{name} start once what they save has paid for their start-up"
+                    COMPILES[1].format(name)
+                    if traits_of(name).compiles
+                    else f"{name} start once what they save has paid for their start-up"
                 )
         return text + "."
 
@@ -126,8 +126,8 @@ class CalibrationText:
             )
         for name in cal.to_start():
             start = cal.start.get(name)
-            if name in COMPILES:
-                text += f", {name} {COMPILES[name][0]}" + (
+            if traits_of(name).compiles:
+                text += f", {name} {COMPILES[0]}" + (
                     f" (+{start * 1e3:,.0f} ms to compile it)" if start is not None else ""
                 )
                 continue

@@ -68,6 +68,11 @@ class Committer:
     def busy(self) -> bool:
         return self._running is not None
 
+    def landed(self) -> bool:
+        """Whether the commit started last has ended (a wake left by one that
+        :meth:`finish` already waited for is not this one's)."""
+        return self._running is not None and self._running.done()
+
     def start(self) -> None:
         """The entries held, as a group, to the commit thread."""
         self._group, self.manifest.pending = self.manifest.pending, []
@@ -142,7 +147,8 @@ class Driver:
             except queue.Empty:
                 continue
             if item == Committer.LANDED:
-                self._committed()
+                if self.committer.landed():  # not the wake of one already waited for
+                    self._committed()
             else:
                 self.in_flight -= 1
                 self.summary.abandoned = self.in_flight
