@@ -136,9 +136,9 @@ class ThreadBatches(DaemonThreads[Ticket]):
         thread that finishes one takes the next at once, of this batch or the next (no
         barrier). A part is built as a worker process builds one."""
         listed: list[Unit] = units if isinstance(units, list) else [units]
-        tickets = [Ticket(unit, self._pump, self._abandon) for unit in listed]
         if not all(isinstance(unit, (Whole, Part)) for unit in listed):
             raise TypeError("threads build rows: submit Whole or Part units")
+        tickets = [Ticket(unit, self._pump, self._abandon) for unit in listed]
         self._ensure_started()
         for ticket in tickets:
             self._tasks.put(ticket)

@@ -96,7 +96,6 @@ class ProcessBatches:
         one load each, and a unit alone goes to the worker likely to be free first. The
         parts of one batch (``Part`` units sharing ``rows``) send its tensors once, in
         one loan from the ring."""
-        many = isinstance(units, list)
         listed: list[Unit] = units if isinstance(units, list) else [units]
         tickets = [Ticket(unit, self._pump, self._abandon) for unit in listed]
         rows = [t.unit.rows for t in tickets if isinstance(t.unit, (Whole, Part))]
@@ -113,7 +112,7 @@ class ProcessBatches:
             order = sorted(lanes, key=Lane.load)
             for lane, ticket in zip(itertools.cycle(order), tickets):
                 self._lanes.send(lane, ticket)
-        return tickets if many else tickets[0]
+        return tickets if isinstance(units, list) else tickets[0]
 
     def release(self) -> bool:
         """:meth:`close` if workers are up and none holds a unit; True if it did."""
