@@ -21,6 +21,7 @@ from prep.core.rows import rows_of
 from prep.core.rowwise import atol_of
 from prep.executors import CompiledExecutor, Job
 from prep.executors import compiled as compiled_module
+from tests.refs import loop
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +68,7 @@ def test_it_gives_serials_rows_and_compiles_a_function_once_for_every_batch_size
         for n in (8, 32, 5, 64):  # the batch dimension is compiled dynamic
             x = torch.randn(n, 16)
             got = pool.map_rows(chain, x)
-            assert torch.equal(got, prep.map_rows(chain, x, executor="serial")), n
+            assert torch.equal(got, loop(chain, x)), n
     assert backend.graphs == 1
 
 
@@ -80,7 +81,8 @@ def test_named_columns_and_a_partial_run_as_under_vmap(backend):
     batch = {"a": torch.randn(6, 3), "b": torch.randn(6, 2)}
     fn = functools.partial(add, k=2.0)
     got = prep.map_rows(fn, batch, executor="compiled")
-    assert torch.equal(got, prep.map_rows(fn, batch, executor="serial"))
+    want = torch.stack([fn(a, b) for a, b in zip(batch["a"], batch["b"])])  # a plain loop
+    assert torch.equal(got, want)
 
 
 def _scale(k: float) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -194,7 +196,7 @@ def _batches(monkeypatch, fn) -> tuple[prep.auto.Calibration, list[Any]]:
             x = torch.randn(64, 256, generator=torch.Generator().manual_seed(i))
             out = auto.run(Job.new(fn, rows_of(x)))
             assert out is not None
-            outs.append((out.buffers[0], prep.map_rows(fn, x, executor="serial")))
+            outs.append((out.buffers[0], loop(fn, x)))
             (cal,) = auto.choices().values()
             if "compiled" in cal.started or "compiled" in cal.dropped:
                 break
@@ -243,7 +245,7 @@ def test_a_typical_program_never_pays_a_compile(backend):
     with prep.Pool("auto", workers=1) as pool:
         for _ in range(5):
             x = torch.randn(64, 256)
-            assert torch.equal(pool.map_rows(chain, x), prep.map_rows(chain, x, executor="serial"))
+            assert torch.equal(pool.map_rows(chain, x), loop(chain, x))
         (cal,) = pool._get("auto").choices().values()
     assert backend.graphs == 0 and "compiled" not in cal.started, str(cal)
 
@@ -267,7 +269,7 @@ def test_inductor_compiles_the_chain_within_its_atol_and_once_for_every_size(mon
         x = torch.randn(n, 1024)
         out = ex.run(Job.new(chain, rows_of(x)))
         assert out is not None
-        want = prep.map_rows(chain, x, executor="serial")
+        want = loop(chain, x)
         assert torch.allclose(out.buffers[0], want, rtol=0, atol=1e-6)
     assert len(ex._forms) == 1 and counted.graphs == 1  # 17 rows: no new compile
 
