@@ -5,6 +5,7 @@ test builds itself, none timed."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -295,3 +296,58 @@ def test_a_run_holds_at_most_workers_times_input_and_output_plus_one_shard(tmp_p
     for k in range(3):
         got = S.load_shard(tmp_path / "big-out" / f"s{k:02d}.pt")["out"]
         assert torch.equal(got[:: rows // 4], torch.full((4, width), 2.0 * k + 1))
+
+
+# ------------------------------------------------------------------ several shards a call
+
+
+def test_small_shards_go_several_a_call_and_large_ones_alone():
+    """From the figures alone: enough shards of a call's time each, no more than keeps
+    every worker taking CALLS_PER_WORKER calls in turn; one a call for a large shard."""
+    from prep.run.plan import CALL_SECONDS, CALLS_PER_WORKER, shards_per_call
+
+    assert shards_per_call(CALL_SECONDS / 20, shards=10_000, workers=2) == 20
+    assert shards_per_call(CALL_SECONDS / 20, shards=80, workers=2) == 80 // (CALLS_PER_WORKER * 2)
+    assert shards_per_call(CALL_SECONDS * 3, shards=10_000, workers=2) == 1
+    assert shards_per_call(CALL_SECONDS / 20, shards=5, workers=2) == 1
+
+
+@pytest.mark.timeout(180)
+def test_shards_sent_several_a_call_equal_the_loop_and_a_worker_death_fails_one(
+    tmp_path, monkeypatch, no_leaks
+):
+    """Three shards a call: every output is the loop's; a shard that kills its worker
+    (rowfns.exits: shard 0) takes its call's other shards with it, which are sent again
+    alone and done, so that it fails alone."""
+    from prep.run import local
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    for k in range(9):  # rowfns.exits: a row starting with 1 ends the worker (s00's row 1)
+        x = torch.full((4, 3), 10.0 + k).index_fill(0, torch.tensor([1]), 1.0 if k == 0 else 5.0)
+        S.save_shard({"x": x}, data / f"s{k:02d}.pt", "pt")
+    real = local.plan_run
+
+    def three_a_call(*args, **kwargs):
+        return dataclasses.replace(real(*args, **kwargs), per_call=3)
+
+    monkeypatch.setattr(local, "plan_run", three_a_call)
+    calls: list[list[str]] = []
+    submit = local.ShardBackend.submit
+
+    def recorded(self, tasks, done):
+        calls.append([t.source.rel for t in tasks])
+        return submit(self, tasks, done)
+
+    monkeypatch.setattr(local.ShardBackend, "submit", recorded)
+    config = RunConfig("tests.rowfns:exits", columns=("x",), executor="serial", workers=2)
+    summary = run_shards([data], out, config, parallel="shards", on_error="skip")
+    assert (summary.done, len(summary.failed), summary.exit_code) == (8, 1, 1)
+    assert summary.failed[0][0] == "s00.pt" and "WorkerCrashed" in summary.failed[0][1]
+    for k in range(1, 9):
+        source = S.load_shard(data / f"s{k:02d}.pt")["x"]
+        assert torch.equal(S.load_shard(out / f"s{k:02d}.pt")["out"], torch.stack(list(source)))
+    assert sorted(prep.run.Manifest(out).entries()) == [f"s{k:02d}.pt" for k in range(1, 9)]
+    assert not temps(out)
+    # s00's call was sent again one shard a call, and only those
+    assert calls[0] == ["s00.pt", "s01.pt", "s02.pt"] and all(len(c) == 3 for c in calls[1:3])
+    assert sorted(calls[3:]) == [["s00.pt"], ["s01.pt"], ["s02.pt"]]

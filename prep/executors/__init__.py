@@ -26,12 +26,13 @@ from ._chunks import ChunkMerge
 from ._daemons import on_intra_op_threads
 from ._fdpipe import INLINE
 from ._job import BLOCK, Job
-from ._messages import Chunk
+from ._messages import Chunk, Failure
 from ._parts import Parts
 from ._shapes import PART_WORK, Known
 from ._spawn import fork_is_safe, server_running, start_costs, start_method, warm_up
 from ._ticket import Call, Load, Part, Ticket, Whole, wait_any
 from ._transport import describe_fn, pickle_fn, shm_fits, shm_free
+from ._worker import call_error, call_failure
 from ._worker import identity as noop_row
 from .compiled import CompiledExecutor
 from .joblib_loky import JoblibExecutor
@@ -70,6 +71,7 @@ __all__ = [
     "ChunkMerge",
     "CompiledExecutor",
     "Executor",
+    "Failure",
     "Job",
     "Known",
     "Load",
@@ -82,6 +84,8 @@ __all__ = [
     "Traits",
     "Whole",
     "available_cores",
+    "call_error",
+    "call_failure",
     "copy_rows",
     "describe_fn",
     "first_error",

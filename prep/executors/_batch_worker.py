@@ -29,7 +29,6 @@ from . import _fdpipe
 from ._context import follow
 from ._messages import (
     BAD_RESULT,
-    CALL_ERROR,
     LOAD_ERROR,
     Build,
     Call,
@@ -43,7 +42,7 @@ from ._messages import (
     Reply,
     Returned,
 )
-from ._worker import _error, _watch_parent, limit_threads, run_chunk, write_rows
+from ._worker import _error, _watch_parent, call_failure, limit_threads, run_chunk, write_rows
 
 #: row functions a worker keeps loaded, by key (streams that alternate stay warm)
 KEEP = 4
@@ -85,8 +84,7 @@ def run_call(fn: Any, msg: Call) -> Reply:
     try:
         outcome = Returned(fn(*msg.args))
     except BaseException as exc:  # SystemExit, KeyboardInterrupt in the function too
-        had_cause = exc.__cause__ is not None or exc.__context__ is not None
-        outcome = _error(-1, exc, CALL_ERROR)._replace(had_cause=had_cause)
+        outcome = call_failure(exc)
     return Reply(msg.seq, started, time.monotonic(), outcome)
 
 

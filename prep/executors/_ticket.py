@@ -15,7 +15,7 @@ import torch
 from ..core.output import Output
 from ..core.policy import Policy
 from ..core.rows import Rows
-from ..errors import BatchTimeout, FunctionLoadError, PrepError, RowError, WorkerCrashed
+from ..errors import BatchTimeout, FunctionLoadError, RowError, WorkerCrashed
 from . import _worker
 from ._messages import CALL_ERROR, LOAD_ERROR, Chunk, Done, Loaded, Outcome, Returned
 from ._transport import describe_fn
@@ -248,10 +248,7 @@ def value_of(reply: Outcome, fn: Any) -> tuple[Any, BaseException | None]:
         return (reply.output, errors), None
     name, text, tb, blob = reply.name, reply.text, reply.tb, reply.blob
     if reply.kind == CALL_ERROR:
-        err = _worker.rebuild(blob, name, text, tb)
-        if not reply.had_cause and isinstance(err, PrepError):
-            err.__cause__ = None  # prep's whole verdict (a ShardError): no traceback to add
-        return None, err
+        return None, _worker.call_error(reply)
     if reply.kind == LOAD_ERROR:
         err = FunctionLoadError(
             f"prep's worker processes could not load the row function {describe_fn(fn)} "

@@ -23,10 +23,10 @@ import torch
 from ..core.output import Output
 from ..core.policy import RAISE, Policy, ResultCheck
 from ..core.rows import Rows
-from ..errors import RemoteTraceback, RowError, SetupError
+from ..errors import PrepError, RemoteTraceback, RowError, SetupError
 from ._context import OWN, Context, follow
 from ._job import BLOCK, Job
-from ._messages import BAD_RESULT, ERROR, Chunk, Done, Failure
+from ._messages import BAD_RESULT, CALL_ERROR, ERROR, Chunk, Done, Failure
 
 
 def limit_threads(threads: int) -> None:
@@ -74,6 +74,23 @@ def _error(row: int, exc: BaseException, kind: str = ERROR, live: bool = False) 
     except Exception:
         blob = None  # the parent rebuilds the error from its name and text
     return Failure(kind, row, type(exc).__name__, str(exc), tb, blob)
+
+
+def call_failure(exc: BaseException) -> Failure:
+    """A call's exception as its reply's failure (and whether it had a cause of its
+    own: a verdict such as a ShardError travels without the worker's traceback)."""
+    had_cause = exc.__cause__ is not None or exc.__context__ is not None
+    return _error(-1, exc, CALL_ERROR)._replace(had_cause=had_cause)
+
+
+def call_error(reply: Failure, whole: bool = False) -> BaseException:
+    """The parent's exception for :func:`call_failure`'s reply, the worker's traceback
+    text its cause; ``whole=False`` leaves that out of prep's own verdict (a ShardError
+    with no cause), which says all a user needs."""
+    err = rebuild(reply.blob, reply.name, reply.text, reply.tb)
+    if not whole and not reply.had_cause and isinstance(err, PrepError):
+        err.__cause__ = None  # prep's whole verdict (a ShardError): no traceback to add
+    return err
 
 
 def identity(row: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from .calls import load_fn
 from .config import ROW_ERRORS, RunConfig
-from .explain import explain_cluster, explain_run
+from .explain import explain_cluster, explain_first_shard, explain_run
 from .jobs import ON_ERROR, run_shards
 from .manifest import Manifest
 from .plan import PARALLEL, ShardFigures, ShardPlan, decide
@@ -46,7 +46,7 @@ from .shards import (
 )
 from .signals import sigterm_raises
 from .synthetic import make_shards
-from .task import NoRows, ShardTask, explain_first_shard, run_shard
+from .task import NoRows, ShardTask, run_shard
 from .temps import remove_stale_temps
 
 __all__ = [

@@ -108,13 +108,15 @@ class DaskBackend:
                     f"tcp://HOST:PORT of a running scheduler, or 'local'"
                 ) from None
         self.slots = jobs or max(1, sum(self.client.nthreads().values()))
+        self.per_call = 1
         self.address = address if address != "local" else str(self.client.scheduler.address)
         self._futures: list[Any] = []
         self.lost = False  # set by the first future cancelled for a lost scheduler
         #: Dask's loggers' levels before this backend muted them (put back by close)
         self._muted = _mute([_COMMS], logging.WARNING)
 
-    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
+    def submit(self, tasks: list[ShardTask], done: queue.SimpleQueue[Any]) -> None:
+        (task,) = tasks  # one a call (per_call)
         if self.lost or self.client.status not in ("running", "newly-created"):
             done.put((task, self._lost()))
             return

@@ -1,10 +1,12 @@
 """The driver of ``prep run``: shards in flight, results recorded by group commit.
 
-    submit up to `slots` tasks ──▶ backend ──▶ done queue ──▶ land each result:
+    submit up to `slots` tasks, `per_call` at a time ──▶ backend ──▶ done queue ──▶
+    land each result:
         an entry     held for the group (its output renamed into place, not yet durable)
         a failure    one line now; its manifest line held for the group
         0 rows       held back until a shard done shows the output's layout
         disk full    one line; no shard starts after it (queued ones are not started)
+        Alone        its call's worker died: sent again, one a call
     commit what is held whenever no commit runs, in a thread of its own while shards
     stay in flight: folders fsynced, lines written, one fsync
     (:meth:`prep.run.manifest.Manifest.write`); what lands meanwhile is the next group.
@@ -25,7 +27,7 @@ import queue
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..errors import Cancelled, ClusterLost, ConfigError, RowError
 from . import failures
@@ -41,15 +43,24 @@ _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 class Backend(Protocol):
-    """Where tasks run: ``slots`` at a time; each finished one lands on the done queue."""
+    """Where tasks run: ``slots`` at a time, sent ``per_call`` at once; each finished one
+    lands on the done queue as ``(task, outcome)``."""
 
     slots: int
+    per_call: int
 
-    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None: ...
+    def submit(self, tasks: list[ShardTask], done: queue.SimpleQueue[Any]) -> None: ...
 
     def abandon(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Alone(NamedTuple):
+    """A task's outcome when the call it was sent in failed as a whole (its worker died
+    on one of the call's shards): the driver sends it again, alone."""
+
+    error: BaseException
 
 
 class Committer:
@@ -126,20 +137,23 @@ class Driver:
         # nothing is committed until they land (their temporary files gone), then retried
         self.paused = False
         self.held: list[tuple[ShardTask, NoRows]] = []  # 0-row shards, waiting for a layout
+        self.alone: deque[ShardTask] = deque()  # to send again, each in a call of its own
         self.lost = 0  # not finished: the disk was full, or never started after that
         self.committer = Committer(manifest, self.done)
 
     def run(self) -> None:
         """Keep ``backend.slots`` tasks in flight; record each result as it lands."""
         while True:
-            while self.todo and self.in_flight < self.backend.slots and not self.halted():
-                self.backend.submit(self.todo.popleft(), self.done)
-                self.in_flight += 1
+            while not self.halted() and (tasks := self._next()):
+                self.backend.submit(tasks, self.done)
+                self.in_flight += len(tasks)
                 self.summary.abandoned = self.in_flight
             if self.in_flight == 0:
                 retry, self.paused = self.paused, False
                 self.commit()
-                if (retry and self.todo and not self.stopping) or self._release_held():
+                if (
+                    retry and (self.todo or self.alone) and not self.stopping
+                ) or self._release_held():
                     continue
                 break
             try:
@@ -155,13 +169,26 @@ class Driver:
                 self._land(*item)
             if self.manifest.pending and not self.committer.busy() and not self.paused:
                 self.committer.start()
-        self.summary.not_started = len(self.todo) + len(self.held) + self.lost
+        self.summary.not_started = len(self.todo) + len(self.alone) + len(self.held) + self.lost
+
+    def _next(self) -> list[ShardTask]:
+        """The tasks of the next call, if there is room for them: one sent again alone,
+        or ``per_call`` (fewer at the end), once that many slots are free."""
+        free = self.backend.slots - self.in_flight
+        if self.alone and free >= 1:
+            return [self.alone.popleft()]
+        n = min(self.backend.per_call, len(self.todo))
+        if not n or free < n:
+            return []
+        return [self.todo.popleft() for _ in range(n)]
 
     def _land(self, task: ShardTask, outcome: Any) -> None:
         if isinstance(outcome, ClusterLost):  # no shard's fault: the run ends here
             self.summary.abandoned += 1  # this shard too: it never finished, --resume redoes it
             raise outcome
-        if isinstance(outcome, OutOfSpace):  # the disk's fault, not the shard's
+        if isinstance(outcome, Alone):
+            self.alone.append(task)
+        elif isinstance(outcome, OutOfSpace):  # the disk's fault, not the shard's
             self.lost += 1
             self._halt(str(outcome))
         elif isinstance(outcome, Cancelled) and self.stopping:  # queued, not started
@@ -173,21 +200,18 @@ class Driver:
             else:
                 self.todo.appendleft(dataclasses.replace(task, layout=layout))
         elif isinstance(outcome, BaseException):
-            self._hold(self._failure(task, outcome))
+            self.manifest.add(self._failure(task, outcome))
             # a setting that cannot work (the function cannot be called on these
             # columns) fails every shard alike: stop whatever --on-error says
             self.stopping |= self.on_error == "stop" or isinstance(outcome, ConfigError)
         else:
-            self._hold(outcome)
+            self.manifest.add(outcome)
             if "layout" in outcome:
                 self.layouts[task.source.rel] = outcome["layout"]
 
     def halted(self) -> bool:
         """Whether no shard may start now."""
         return self.stopping or self.paused
-
-    def _hold(self, entry: Mapping[str, Any]) -> None:
-        self.manifest.add(entry)
 
     def commit(self) -> None:
         """Commit what is held, after the commit running (if any), and wait for both."""
@@ -264,7 +288,7 @@ class Driver:
             self.todo.extend(dataclasses.replace(t, layout=layout) for t, _ in held)
             return True
         for task, exc in held:
-            self._hold(self._failure(task, exc))
+            self.manifest.add(self._failure(task, exc))
             self.stopping |= self.on_error == "stop"
         self.commit()
         return False

@@ -12,19 +12,25 @@ The executor a shard actually ran is in its progress line and its manifest entry
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .._explanation import Explanation
+from ..api import explain
+from ..core.rows import rows_of
+from ..errors import ShardError
 from ..executors import available_cores, threads_per_worker
+from ..pool import Pool
 from .config import RunConfig
 from .dask import LOCAL_WORKERS
 from .local import LOCAL_JOBS, check_parallel, plan_run
 from .plan import ShardPlan
-from .shards import find_shards
-from .task import ShardTask, explain_first_shard
+from .shards import find_shards, load_shard
+from .task import ShardTask, shard_batch
 
 __all__ = ["explain_cluster", "explain_run", "jobs_line", "threads_line"]
 
@@ -120,3 +126,39 @@ def threads_line(plan: ShardPlan) -> str:
         f"torch threads: this process keeps its own ({torch.get_num_threads()}) for the rows; "
         f"a row executor's worker processes get {plan.threads} each (cores / workers)"
     )
+
+
+def explain_first_shard(
+    inputs: Iterable[str | os.PathLike[str]], config: RunConfig
+) -> tuple[Path, Explanation]:
+    """The first shard under ``inputs`` and what ``executor="auto"`` measured and chose on it.
+
+    The function of ``config`` is calibrated on that shard's batch, as
+    :func:`prep.explain` does (``prep run --explain``); nothing is written.
+    ``print()`` the :class:`~prep.Explanation` for a few readable lines. With
+    row-level options (``pad``, ``on_row_error``...) or ``setup`` the whole shard
+    runs through an ``auto`` pool with them, and the pool's explanation is
+    returned: it then describes the run as it will be.
+
+    >>> import tempfile, prep.run
+    >>> data = tempfile.mkdtemp()
+    >>> _ = prep.run.make_shards(data, shards=1, rows=8, seq=6, dim=2)
+    >>> config = prep.run.RunConfig("prep.ops:side_context_row", {"max_len": 3})
+    >>> path, why = prep.run.explain_first_shard([data], config)
+    >>> path.name, why.choice in prep.EXECUTORS
+    ('shard-00000.pt', True)
+    """
+    config.check_rows()
+    first = find_shards(inputs)[0].path  # find_shards raises ConfigError when there are none
+    tensors = load_shard(first, trust_pickle=config.trust_pickle)
+    batch, rows = shard_batch(tensors, config.columns, first)
+    config.check_call(list(batch) if isinstance(batch, dict) else None, first)
+    if rows == 0:
+        raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
+    fn = config.bound_fn()
+    options = config.row_options().with_(device=None)
+    if options.policy.plain and not config.setup:
+        return first, explain(fn, batch, workers=config.workers)
+    with Pool("auto", config.workers, setup=config.setup_fn()) as pool:
+        pool.run(fn, rows_of(batch), options)
+        return first, pool.explain()

@@ -3,10 +3,15 @@ its rows spread out (:mod:`prep.run.plan` says which, and why).
 
     ShardBackend (whole shards)                    worker k (forked from this process)
     ───────────────────────────                    ───────────────────────────────────
-    submit: a Call unit ─────────────────────────▶ run_shard_on_worker(task):
-            (a task: paths and the recipe)          load ─▶ rows (serial) ─▶ save
-    collector thread: wait_any ◀──────────────────── the manifest entry (or the error)
-            ─▶ the driver's done queue
+    submit: a Call unit ─────────────────────────▶ run_shards_on_worker(tasks):
+            (per_call tasks: paths, the recipe)     each: load ─▶ rows (serial) ─▶ save
+    collector thread: wait_any ◀──────────────────── each one's manifest entry or error
+            ─▶ the driver's done queue, a shard at a time
+
+    Small shards go several a call (:func:`prep.run.plan.shards_per_call`), so that
+    their round trips are one a call; a call whose worker died is sent again one shard
+    a call (:class:`~prep.run.driver.Alone`), so that only the shard that kills a worker
+    fails.
 
     RowBackend (rows spread out): ``jobs`` threads of this process; a shard's load and
     save overlap another's compute, but only one shard computes at a time (a lock), so
@@ -35,9 +40,11 @@ from ..core.rows import rows_of
 from ..errors import ConfigError
 from ..executors import (
     Call,
+    Failure,
     ProcessBatches,
     Ticket,
     available_cores,
+    call_error,
     fork_is_safe,
     in_worker_process,
     server_running,
@@ -50,6 +57,7 @@ from ..executors import (
 from ..pool import SHARED, Pool
 from ..registry import AUTO
 from .config import RunConfig
+from .driver import Alone
 from .plan import Forms, ShardFigures, ShardPlan, decide, measure
 from .shards import load_shard
 from .task import (
@@ -57,7 +65,7 @@ from .task import (
     ShardTask,
     halt_workers,
     run_shard,
-    run_shard_on_worker,
+    run_shards_on_worker,
     shard_batch,
     worker_form,
 )
@@ -80,20 +88,24 @@ _SERVER_GUESS = 2.0
 #: the plan measures on at most this many bytes of the first shard's rows: a slice, so
 #: that a light row does not make it compute (and hold) half a gigabyte shard again
 _SLICE_BYTES = 8 << 20
+#: a shard of at most this many bytes is read twice to time its load
+_SMALL_FILE = 1 << 20
 
 
 class RowBackend:
     """``jobs`` shards at once in daemon threads; their rows one shard at a time."""
 
     def __init__(self, config: RunConfig, jobs: int) -> None:
-        self.slots = jobs
+        self.slots, self.per_call = jobs, 1
         self._pool = Pool(config.executor, config.workers, config.device, setup=config.setup_fn())
         self._compute = threading.Lock()
         self._cancel = threading.Event()
         self._temps = Temps()
         self._threads: list[threading.Thread] = []
 
-    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
+    def submit(self, tasks: list[ShardTask], done: queue.SimpleQueue[Any]) -> None:
+        (task,) = tasks  # one a call (per_call)
+
         def work() -> None:
             try:
                 outcome: Any = run_shard(task, self._pool, self._cancel, self._temps, self._compute)
@@ -125,26 +137,32 @@ class RowBackend:
 
 
 class ShardBackend:
-    """Whole shards on the worker processes of ``pool``, ``jobs`` in flight."""
+    """Whole shards on the worker processes of ``pool``, ``jobs`` in flight, sent
+    ``per_call`` at once."""
 
-    def __init__(self, pool: ProcessBatches, jobs: int, form: str = "serial") -> None:
-        self.slots = jobs
+    def __init__(
+        self, pool: ProcessBatches, jobs: int, form: str = "serial", per_call: int = 1
+    ) -> None:
+        self.slots, self.per_call = jobs, per_call
         halt_workers(False)  # a new run: its workers start every shard they are sent
         self._pool = pool
         self._form = form  # the executor each worker runs a shard's rows with
-        self._key = pool.prepare(run_shard_on_worker).key
+        self._key = pool.prepare(run_shards_on_worker).key
         self._lock = threading.Lock()
-        self._flying: dict[Ticket, tuple[ShardTask, queue.SimpleQueue[Any]]] = {}
+        self._flying: dict[Ticket, tuple[list[ShardTask], queue.SimpleQueue[Any]]] = {}
         self._stop = threading.Event()
         self._work = threading.Event()  # set while shards are in flight
         self._collector: threading.Thread | None = None
 
-    def submit(self, task: ShardTask, done: queue.SimpleQueue[Any]) -> None:
-        config = dataclasses.replace(task.config, executor=self._form)
-        sent = dataclasses.replace(task, config=config)
-        ticket = self._pool.submit(Call(self._key, (sent,), f"the shard {task.source.path}"))
+    def submit(self, tasks: list[ShardTask], done: queue.SimpleQueue[Any]) -> None:
+        config = dataclasses.replace(tasks[0].config, executor=self._form)
+        sent = [dataclasses.replace(t, config=config) for t in tasks]
+        what = f"the shard {tasks[0].source.path}" + (
+            f" and {len(tasks) - 1} more" if len(tasks) > 1 else ""
+        )
+        ticket = self._pool.submit(Call(self._key, (sent,), what))
         with self._lock:
-            self._flying[ticket] = (task, done)
+            self._flying[ticket] = (tasks, done)
             self._work.set()
         if self._collector is None:  # started after the workers were forked, never before
             self._collector = threading.Thread(
@@ -165,12 +183,9 @@ class ShardBackend:
             with self._lock:
                 landed = [t for t in self._flying if t.done()]
                 pairs = [(t, self._flying.pop(t)) for t in landed]
-            for ticket, (task, done) in pairs:
-                try:
-                    outcome: Any = ticket.result()
-                except BaseException as exc:  # the shard's own error, or its worker's death
-                    outcome = exc
-                done.put((task, outcome))
+            for ticket, (tasks, done) in pairs:
+                for task, outcome in zip(tasks, _outcomes(ticket, len(tasks))):
+                    done.put((task, outcome))
 
     def abandon(self) -> None:
         """Terminate the workers mid-shard; their temporary files are the driver's to
@@ -192,6 +207,17 @@ class ShardBackend:
                 self._collector.join(5)
 
 
+def _outcomes(ticket: Ticket, n: int) -> list[Any]:
+    """Each of a call's ``n`` shards' entry or error; where the call failed as a whole
+    (its worker died on one of them), the error for one shard alone, or :class:`Alone`
+    for each of several: the driver sends them again one a call, so that only the shard
+    that kills its worker fails."""
+    try:  # a shard's error with the worker's traceback, for its manifest line
+        return [call_error(o, whole=True) if isinstance(o, Failure) else o for o in ticket.result()]
+    except BaseException as exc:
+        return [exc] if n == 1 else [Alone(exc)] * n
+
+
 def local_backend(
     config: RunConfig, todo: Sequence[ShardTask], jobs: int | None, parallel: str
 ) -> tuple[RowBackend | ShardBackend, ShardPlan]:
@@ -208,7 +234,8 @@ def local_backend(
         start = start_costs().server or _SERVER_GUESS
     plan = plan_run(config, todo, parallel, start)
     if plan.mode == "shards":
-        return ShardBackend(pool, jobs or 2 * workers, plan.form), plan
+        per_call = plan.per_call if jobs is None else max(1, min(plan.per_call, jobs // workers))
+        return ShardBackend(pool, jobs or 2 * workers * per_call, plan.form, per_call), plan
     pool.close()
     return RowBackend(config, jobs or LOCAL_JOBS), plan
 
@@ -282,9 +309,11 @@ def first_shard_figures(
     """:class:`ShardFigures` from the first shard, read and computed on here (a few rows),
     with what each form measured; None if it cannot be (its own run will say why)."""
     try:
-        t = time.perf_counter()
-        tensors = load_shard(task.source.path, trust_pickle=config.trust_pickle)
-        load = time.perf_counter() - t
+        load = math.inf
+        for _ in range(1 if task.source.path.stat().st_size > _SMALL_FILE else 2):
+            t = time.perf_counter()  # a small shard's first read pays one-time costs (the
+            tensors = load_shard(task.source.path, trust_pickle=config.trust_pickle)
+            load = min(load, time.perf_counter() - t)  # unpickler's), what its calls weigh
         batch, n = shard_batch(tensors, config.columns, task.source.path)
         if n == 0:
             return None

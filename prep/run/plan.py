@@ -47,6 +47,7 @@ __all__ = [
     "ShardFigures",
     "ShardPlan",
     "decide",
+    "shards_per_call",
     "measure",
 ]
 
@@ -59,6 +60,13 @@ ROWS_MARGIN = 1.2
 #: the share of W cores a row-level process pool turns into speed on one shard (its
 #: dispatch, the rows' transport and the merge cost the rest; bench_core measures it)
 ROW_POOL_EFFICIENCY = 0.8
+#: a whole-shard worker is sent shards that many at once whose work is predicted to
+#: take about this long: a small shard's round trip (its task sent, its entry back, the
+#: driver's wake) is paid once for the call, not once a shard
+CALL_SECONDS = 0.02
+#: ... but never so many that a worker has fewer than this many calls to take in turn,
+#: so that the workers still finish together
+CALLS_PER_WORKER = 4
 #: seconds of serial rows measured per thread setting (about)
 _BUDGET = 0.03
 _WARM_ROWS = 2
@@ -92,6 +100,7 @@ class ShardPlan:
     predicted: dict[str, float]  # seconds for the run's shards, each way
     reason: str
     details: tuple[str, ...] = ()  # what was measured, for --explain
+    per_call: int = 1  # shards sent to a worker at once
 
     def sentence(self) -> str:
         """One sentence: what the run does, and why."""
@@ -110,12 +119,14 @@ def decide(f: ShardFigures, cores: int | None = None) -> ShardPlan:
     rows = min(here, pool)
     predicted = {"shards": shards, "rows": rows}
     if f.workers > 1 and f.shards > 1 and choose(predicted, "shards", ROWS_MARGIN).name == "shards":
+        per_call = shards_per_call(f.rows * f.one_thread_row + io, f.shards, f.workers)
+        sent = f", {per_call} a call" if per_call > 1 else ""
         reason = (
-            f"{f.shards} shard(s) on {f.workers} worker processes, a whole shard each, "
+            f"{f.shards} shard(s) on {f.workers} worker processes, a whole shard each{sent}, "
             f"rows {f.form}, {threads} thread(s) each, are predicted to take {shards:.2f} s "
             f"against {rows:.2f} s one shard at a time with its rows spread out"
         )
-        return ShardPlan("shards", f.workers, threads, f.form, predicted, reason)
+        return ShardPlan("shards", f.workers, threads, f.form, predicted, reason, (), per_call)
     if f.workers <= 1:
         why = "one worker process would run a shard no faster than this process"
     elif f.shards <= 1 or f.shards < f.workers:
@@ -127,6 +138,13 @@ def decide(f: ShardFigures, cores: int | None = None) -> ShardPlan:
         f"{rows:.2f} s against {shards:.2f} s a whole shard per worker: {why}"
     )
     return ShardPlan("rows", f.workers, threads, f.form, predicted, reason)
+
+
+def shards_per_call(seconds: float, shards: int, workers: int) -> int:
+    """How many shards of ``seconds`` each a worker is sent at once (:data:`CALL_SECONDS`,
+    :data:`CALLS_PER_WORKER`); 1 for a shard that takes a call's time on its own."""
+    fits = math.ceil(CALL_SECONDS / max(seconds, 1e-9))
+    return max(1, min(fits, shards // (CALLS_PER_WORKER * workers)))
 
 
 @dataclass

@@ -173,29 +173,36 @@ _STARTS = (b"PK", b"\x80")
 
 
 def _load_pt(path: Path, trust_pickle: bool) -> Any:
-    # mmap maps the file instead of reading it: an op that reads a few positions
-    # per row then touches only those pages. Only zip-format files can be mapped.
-    mmap = zipfile.is_zipfile(path)
-    if not mmap:
-        with open(path, "rb") as f:
-            head = f.read(2)
-        if head == b"PK":  # a zip without its end: zipfile.is_zipfile found none
-            raise ShardError(
-                f"{path}: cannot be read as a shard (truncated: it starts as a zip "
-                f"archive, as torch.save writes, but its end is missing; it was cut off "
-                f"while written or copied). Write or copy it again"
-            )
-        if not head.startswith(_STARTS):
-            # neither format torch.save writes: damaged, or another kind of file. Said
-            # before torch.load, whose weights_only refusal would read as "unsafe" and
-            # whose unpickler, trusted, fails on garbage with unrelated errors
-            what = "is empty" if not head else f"starts with {head!r}"
-            raise ShardError(
-                f"{path}: cannot be read as a shard (it {what}: neither a zip archive nor "
-                f"a pickle, so not a torch.save file; it is damaged or of another format, "
-                f"and --trust-pickle cannot help). Rewrite it with torch.save or safetensors"
-            )
-    return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=mmap)
+    # mmap maps the file instead of reading it: an op that reads a few positions per
+    # row then touches only those pages. Only zip-format files (what torch.save writes
+    # today) can be mapped; the file is read once, and judged only when that fails
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=True)
+    except FileNotFoundError:
+        raise
+    except Exception:
+        if zipfile.is_zipfile(path):
+            raise  # a zip torch could not load: _why says what torch said
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head == b"PK":  # a zip without its end: zipfile.is_zipfile found none
+        raise ShardError(
+            f"{path}: cannot be read as a shard (truncated: it starts as a zip "
+            f"archive, as torch.save writes, but its end is missing; it was cut off "
+            f"while written or copied). Write or copy it again"
+        ) from None
+    if not head.startswith(_STARTS):
+        # neither format torch.save writes: damaged, or another kind of file. Said
+        # before torch.load, whose weights_only refusal would read as "unsafe" and
+        # whose unpickler, trusted, fails on garbage with unrelated errors
+        what = "is empty" if not head else f"starts with {head!r}"
+        raise ShardError(
+            f"{path}: cannot be read as a shard (it {what}: neither a zip archive nor "
+            f"a pickle, so not a torch.save file; it is damaged or of another format, "
+            f"and --trust-pickle cannot help). Rewrite it with torch.save or safetensors"
+        ) from None
+    # a pickle of torch's legacy format, which cannot be mapped: read whole
+    return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=False)
 
 
 _UNSAFE = "its pickle holds objects"

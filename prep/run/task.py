@@ -22,10 +22,9 @@ import contextlib
 import datetime
 import functools
 import mmap
-import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,18 +32,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._explanation import Explanation
 from .._version import __version__
-from ..api import explain
 from ..core.rows import rows_of
 from ..errors import Cancelled, NoRows, RowError, ShardError
-from ..executors import traits_of
+from ..executors import call_failure, traits_of
 from ..pool import SHARED, Pool
 from ..registry import in_caller
 from .config import RunConfig
 from .manifest import SCHEMA
 from .rows import failed_rows, with_lengths
-from .shards import ShardFile, find_shards, load_shard, save_shard
+from .shards import ShardFile, load_shard, save_shard
 from .temps import Temps
 
 __all__ = [
@@ -52,11 +49,10 @@ __all__ = [
     "Layout",
     "NoRows",
     "ShardTask",
-    "explain_first_shard",
     "halt_workers",
     "layout_of",
     "run_shard",
-    "run_shard_on_worker",
+    "run_shards_on_worker",
     "worker_form",
 ]
 
@@ -139,20 +135,24 @@ def run_shard(
     cancel: threading.Event | None = None,
     temps: Temps | None = None,
     compute: threading.Lock | None = None,
+    checked: set[tuple[str, ...]] | None = None,
 ) -> dict[str, Any]:
     """Process one shard and return its manifest entry (the manifest is the caller's).
 
     ``pool`` runs the rows (else :func:`prep.map_rows` with the config's executor);
     ``cancel`` is checked between the steps; ``temps`` tracks the temporary file;
-    ``compute``, held while the rows run, keeps shards in threads from computing at once.
+    ``compute``, held while the rows run, keeps shards in threads from computing at once;
+    ``checked``: column names the function was found callable on (this shard's added).
     """
     started = time.monotonic()
     config, src = task.config, task.source
     before = _stat(src.path)
     tensors = load_shard(src.path, trust_pickle=config.trust_pickle)
     batch, rows = shard_batch(tensors, config.columns, src.path)
-    if config.columns is None:  # the row's tensors go by their names in this shard
-        config.check_call(list(batch), src.path)
+    checked = set() if checked is None else checked
+    if config.columns is None and tuple(batch) not in checked:
+        config.check_call(list(batch), src.path)  # the row's tensors go by their names
+        checked.add(tuple(batch))
     fn = config.bound_fn()
     if rows == 0:
         tensors, failures, ran = _no_rows(task)
@@ -223,20 +223,33 @@ def halt_workers(halt: bool = True) -> None:
     _HALT[0] = int(halt)
 
 
-def run_shard_on_worker(task: ShardTask) -> dict[str, Any]:
-    """:func:`run_shard` in a shard worker process (``prep run``'s shards in parallel): the
+def run_shards_on_worker(tasks: list[ShardTask]) -> list[Any]:
+    """:func:`run_shard` on each of ``tasks`` in turn, in a shard worker process (``prep
+    run``'s shards in parallel), each outcome its manifest entry or its error as
+    :func:`~prep.executors.call_failure` sends it: one call for several small shards. The
     rows run with the config's executor if it needs no process of its own (serial for
     auto), on this worker's share of the cores, and ``--setup`` once per worker; a shard
-    queued after :func:`halt_workers` is not started (:class:`~prep.errors.Cancelled`)."""
-    if _HALT[0]:
-        raise Cancelled(f"{task.source.path}: not started, the run stopped")
-    config = task.config
+    reached after :func:`halt_workers` is not started (:class:`~prep.errors.Cancelled`)."""
+    checked: set[tuple[str, ...]] = set()
+    outcomes: list[Any] = []
+    for task in tasks:
+        try:
+            if _HALT[0]:
+                raise Cancelled(f"{task.source.path}: not started, the run stopped")
+            outcomes.append(run_shard(task, _worker_pool(task.config), checked=checked))
+        except Exception as exc:  # the shard's own error; the others still run
+            outcomes.append(call_failure(exc))
+    return outcomes
+
+
+def _worker_pool(config: RunConfig) -> Pool:
+    """This worker's Pool for the config's executor and ``--setup`` (made once)."""
     executor = worker_form(config.executor)
     key = (executor, config.setup)
     pool = _worker_pools.get(key)
     if pool is None:
         pool = _worker_pools[key] = Pool(executor, 1, setup=config.setup_fn())
-    return run_shard(task, pool)
+    return pool
 
 
 #: a batched form (vmap, a twin) runs a whole-shard worker's rows this many bytes of
@@ -335,42 +348,6 @@ def _outputs(result: Any, config: RunConfig) -> tuple[dict[str, Tensor], dict[st
         return tensors, {}
     failed, row_errors = failed_rows(valid, errors)
     return tensors, {"failed_rows": failed, "row_errors": row_errors}
-
-
-def explain_first_shard(
-    inputs: Iterable[str | os.PathLike[str]], config: RunConfig
-) -> tuple[Path, Explanation]:
-    """The first shard under ``inputs`` and what ``executor="auto"`` measured and chose on it.
-
-    The function of ``config`` is calibrated on that shard's batch, as
-    :func:`prep.explain` does (``prep run --explain``); nothing is written.
-    ``print()`` the :class:`~prep.Explanation` for a few readable lines. With
-    row-level options (``pad``, ``on_row_error``...) or ``setup`` the whole shard
-    runs through an ``auto`` pool with them, and the pool's explanation is
-    returned: it then describes the run as it will be.
-
-    >>> import tempfile, prep.run
-    >>> data = tempfile.mkdtemp()
-    >>> _ = prep.run.make_shards(data, shards=1, rows=8, seq=6, dim=2)
-    >>> config = prep.run.RunConfig("prep.ops:side_context_row", {"max_len": 3})
-    >>> path, why = prep.run.explain_first_shard([data], config)
-    >>> path.name, why.choice in prep.EXECUTORS
-    ('shard-00000.pt', True)
-    """
-    config.check_rows()
-    first = find_shards(inputs)[0].path  # find_shards raises ConfigError when there are none
-    tensors = load_shard(first, trust_pickle=config.trust_pickle)
-    batch, rows = shard_batch(tensors, config.columns, first)
-    config.check_call(list(batch) if isinstance(batch, dict) else None, first)
-    if rows == 0:
-        raise ShardError(f"{first}: has 0 rows, so there is nothing to measure")
-    fn = config.bound_fn()
-    options = config.row_options().with_(device=None)
-    if options.policy.plain and not config.setup:
-        return first, explain(fn, batch, workers=config.workers)
-    with Pool("auto", config.workers, setup=config.setup_fn()) as pool:
-        pool.run(fn, rows_of(batch), options)
-        return first, pool.explain()
 
 
 def _stat(path: Path) -> tuple[int, int]:
