@@ -351,3 +351,40 @@ def test_shards_sent_several_a_call_equal_the_loop_and_a_worker_death_fails_one(
     # s00's call was sent again one shard a call, and only those
     assert calls[0] == ["s00.pt", "s01.pt", "s02.pt"] and all(len(c) == 3 for c in calls[1:3])
     assert sorted(calls[3:]) == [["s00.pt"], ["s01.pt"], ["s02.pt"]]
+
+
+def test_an_output_sealed_later_has_its_name_only_once_fsynced_and_a_full_disk_there_fails_its_shard(
+    tmp_path, monkeypatch
+):
+    """save_shard(seal=): the fsync and rename wait for the function it hands over (a
+    worker runs it while its next shard computes); ENOSPC at that fsync is the shard's
+    OutOfSpace line, the temporary file gone, no output under the final name."""
+    from prep.errors import OutOfSpace
+    from prep.executors import call_error
+    from prep.run.task import ShardTask, run_shards_on_worker
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    filled(data, shards=2, rows=2, width=3)
+    later: list = []
+    sha, _ = S.save_shard({"x": torch.ones(3)}, tmp_path / "a.pt", "pt", seal=later.append)
+    assert not (tmp_path / "a.pt").exists() and len(temps(tmp_path)) == 1
+    later.pop()()
+    assert torch.equal(S.load_shard(tmp_path / "a.pt")["x"], torch.ones(3)) and not temps(tmp_path)
+    assert S.sha256_file(tmp_path / "a.pt") == sha
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(S.os, "fsync", full)
+    S.save_shard({"x": torch.ones(3)}, tmp_path / "b.pt", "pt", seal=later.append)
+    with pytest.raises(OutOfSpace, match=r"b\.pt: cannot be written: No space left on device "
+                       r"\[errno ENOSPC\].*then rerun with --resume"):  # fmt: skip
+        later.pop()()
+    assert not (tmp_path / "b.pt").exists() and not temps(tmp_path)
+    # two shards in one call: each one's seal fails it alone, as the shard's own error
+    config = RunConfig("tests.rowfns:affine", columns=("x",), executor="serial")
+    tasks = [ShardTask(f, out, config) for f in S.find_shards([data])]
+    errors = [call_error(o) for o in run_shards_on_worker(tasks)]
+    assert [type(e) for e in errors] == [OutOfSpace, OutOfSpace]
+    assert "s00.pt: cannot be written" in str(errors[0]) and "s01.pt" in str(errors[1])
+    assert not list(out.glob("*.pt")) and not temps(out)

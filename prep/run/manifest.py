@@ -5,7 +5,8 @@ writer, and it writes by group commit: the lines of the shards that landed
 within a few milliseconds (:meth:`Manifest.add`) are written at once
 (:meth:`Manifest.commit`), after their outputs are durable::
 
-    worker: output to a temp file ─fsync─▶ rename        (each shard, where it ran)
+    worker: output to a temp file ─fsync─▶ rename        (each shard, where it ran; a
+            worker given several shards at once does that while the next computes)
     driver: fsync the outputs' folders ─▶ write the group's lines ─fsync─▶ durable
 
 so a line is never on disk before its output, and a crash loses at most the shards

@@ -29,6 +29,7 @@ storage. Two saves of equal dicts are byte-identical, in any process.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import shutil
@@ -292,14 +293,18 @@ def save_shard(
     fmt: str,
     temps: Temps | None = None,
     sync_folder: bool = True,
+    seal: Callable[[Callable[[], None]], None] | None = None,
 ) -> tuple[str, int]:
     """Write ``tensors`` to ``path`` atomically and durably; returns (sha256 hex, size).
 
     Tensors are compacted (:func:`compact`) and written in the mapping's order.
     Parent folders are created. ``temps`` tracks the temporary file so that an
     abandoned run can remove it. ``sync_folder=False`` leaves the rename's fsync to
-    the caller (:func:`sync_folders`, once for many files). :class:`OutOfSpace` if
-    the disk is full, over quota or read-only.
+    the caller (:func:`sync_folders`, once for many files). ``seal``: the temporary
+    file's fsync and rename are not done here but given to ``seal`` as a function to
+    call later (in a thread, while the next shard computes); the file has its final
+    name, complete, only once that has run. :class:`OutOfSpace` if the disk is full,
+    over quota or read-only.
     """
     if fmt not in _WRITERS:
         raise ConfigError(f"format={fmt!r} is not one of {', '.join(map(repr, _WRITERS))}")
@@ -314,27 +319,48 @@ def save_shard(
             out = _Hashing(raw)
             _WRITERS[fmt](tensors, out)
             raw.flush()
-            os.fsync(raw.fileno())
-        temps.replace(tmp, path)
+            if seal is None:
+                os.fsync(raw.fileno())
+        if seal is None:
+            temps.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None:
             temps.forget(tmp)
         cause = out.error if out is not None and out.error is not None else exc
         if isinstance(cause, OSError) and cause.errno in _FULL:
-            raise _out_of_space(path, cause, tensors) from None
+            raise _out_of_space(path, cause, sum(t.nbytes for t in tensors.values())) from None
         raise
-    if sync_folder:
+    if seal is not None:
+        seal(functools.partial(_seal, tmp, path, temps, out.size))
+    elif sync_folder:
         sync_folders([path.parent])
     return out.sha.hexdigest(), out.size
 
 
-def _out_of_space(path: Path, exc: OSError, tensors: Mapping[str, Tensor]) -> OutOfSpace:
+def _seal(tmp: Path, path: Path, temps: Temps, size: int) -> None:
+    """What ``save_shard(seal=)`` leaves for later: the temporary file's fsync, then
+    its rename to ``path``."""
+    try:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        temps.replace(tmp, path)
+    except BaseException as exc:
+        temps.forget(tmp)
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            raise _out_of_space(path, exc, size) from None
+        raise
+
+
+def _out_of_space(path: Path, exc: OSError, nbytes: int) -> OutOfSpace:
     """One line: the file, the errno's words, the free space, the shard's size, the fix."""
     try:
         free = f"{_mb(shutil.disk_usage(path.parent if path.parent.exists() else '.').free)} free"
     except OSError:
         free = "free space unknown"
-    size = _mb(sum(t.nbytes for t in tensors.values()))
+    size = _mb(nbytes)
     return OutOfSpace(
         f"{path}: cannot be written: {exc.strerror or os.strerror(exc.errno or 0)} "
         f"[errno {errno.errorcode.get(exc.errno or 0, exc.errno)}] ({free}, the shard's "

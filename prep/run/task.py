@@ -25,6 +25,7 @@ import mmap
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,13 +137,15 @@ def run_shard(
     temps: Temps | None = None,
     compute: threading.Lock | None = None,
     checked: set[tuple[str, ...]] | None = None,
+    seal: Callable[[Callable[[], None]], None] | None = None,
 ) -> dict[str, Any]:
     """Process one shard and return its manifest entry (the manifest is the caller's).
 
     ``pool`` runs the rows (else :func:`prep.map_rows` with the config's executor);
     ``cancel`` is checked between the steps; ``temps`` tracks the temporary file;
     ``compute``, held while the rows run, keeps shards in threads from computing at once;
-    ``checked``: column names the function was found callable on (this shard's added).
+    ``checked``: column names the function was found callable on (this shard's added);
+    ``seal``: where the output's fsync and rename go (:func:`save_shard`).
     """
     started = time.monotonic()
     config, src = task.config, task.source
@@ -169,7 +172,7 @@ def run_shard(
         raise ShardError(f"{src.path}: changed while it was read; rerun once it is complete")
     kept = rows - len(failures["failed_rows"]) if config.on_row_error == "skip" else rows
     dest, rel = src.output(task.out, config.format)
-    sha, size = save_shard(tensors, dest, config.format or src.format, temps, sync_folder=False)
+    sha, size = save_shard(tensors, dest, config.format or src.format, temps, False, seal)
     return {
         "schema": SCHEMA,
         "input": src.rel,
@@ -231,14 +234,27 @@ def run_shards_on_worker(tasks: list[ShardTask]) -> list[Any]:
     auto), on this worker's share of the cores, and ``--setup`` once per worker; a shard
     reached after :func:`halt_workers` is not started (:class:`~prep.errors.Cancelled`)."""
     checked: set[tuple[str, ...]] = set()
+    temps = Temps()
     outcomes: list[Any] = []
-    for task in tasks:
-        try:
-            if _HALT[0]:
-                raise Cancelled(f"{task.source.path}: not started, the run stopped")
-            outcomes.append(run_shard(task, _worker_pool(task.config), checked=checked))
-        except Exception as exc:  # the shard's own error; the others still run
-            outcomes.append(call_failure(exc))
+    sealing: list[tuple[int, Future[None]]] = []  # a shard's fsync and rename, by index
+    with ThreadPoolExecutor(1, thread_name_prefix="prep-seal") as sealer:
+
+        def seal(finish: Callable[[], None]) -> None:  # overlaps the next shard's work
+            sealing.append((len(outcomes), sealer.submit(finish)))
+
+        for task in tasks:
+            try:
+                if _HALT[0]:
+                    raise Cancelled(f"{task.source.path}: not started, the run stopped")
+                pool = _worker_pool(task.config)
+                later = seal if len(tasks) > 1 else None
+                outcomes.append(run_shard(task, pool, None, temps, None, checked, later))
+            except Exception as exc:  # the shard's own error; the others still run
+                outcomes.append(call_failure(exc))
+    for i, sealed in sealing:  # every output is in place, fsynced, before the call returns
+        error = sealed.exception()
+        if error is not None:
+            outcomes[i] = call_failure(error)
     return outcomes
 
 
