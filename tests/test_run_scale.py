@@ -353,7 +353,7 @@ def test_shards_sent_several_a_call_equal_the_loop_and_a_worker_death_fails_one(
     assert sorted(calls[3:]) == [["s00.pt"], ["s01.pt"], ["s02.pt"]]
 
 
-def test_an_output_sealed_later_has_its_name_only_once_fsynced_and_a_full_disk_there_fails_its_shard(
+def test_an_output_sealed_later_is_named_once_fsynced_and_a_full_disk_there_fails_its_shard(
     tmp_path, monkeypatch
 ):
     """save_shard(seal=): the fsync and rename wait for the function it hands over (a

@@ -174,9 +174,8 @@ _STARTS = (b"PK", b"\x80")
 
 
 def _load_pt(path: Path, trust_pickle: bool) -> Any:
-    # mmap maps the file instead of reading it: an op that reads a few positions per
-    # row then touches only those pages. Only zip-format files (what torch.save writes
-    # today) can be mapped; the file is read once, and judged only when that fails
+    # mapped, not read: an op that reads a few positions per row touches only those
+    # pages; a zip (torch.save's format today) maps, and is judged only if that fails
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=True)
     except FileNotFoundError:
@@ -202,8 +201,7 @@ def _load_pt(path: Path, trust_pickle: bool) -> Any:
             f"a pickle, so not a torch.save file; it is damaged or of another format, "
             f"and --trust-pickle cannot help). Rewrite it with torch.save or safetensors"
         ) from None
-    # a pickle of torch's legacy format, which cannot be mapped: read whole
-    return torch.load(path, map_location="cpu", weights_only=not trust_pickle, mmap=False)
+    return torch.load(path, map_location="cpu", weights_only=not trust_pickle)  # legacy: unmapped
 
 
 _UNSAFE = "its pickle holds objects"
@@ -300,11 +298,10 @@ def save_shard(
     Tensors are compacted (:func:`compact`) and written in the mapping's order.
     Parent folders are created. ``temps`` tracks the temporary file so that an
     abandoned run can remove it. ``sync_folder=False`` leaves the rename's fsync to
-    the caller (:func:`sync_folders`, once for many files). ``seal``: the temporary
-    file's fsync and rename are not done here but given to ``seal`` as a function to
-    call later (in a thread, while the next shard computes); the file has its final
-    name, complete, only once that has run. :class:`OutOfSpace` if the disk is full,
-    over quota or read-only.
+    the caller (:func:`sync_folders`, once for many files); ``seal``, the file's own
+    fsync and rename too, given to it as a function to call later (in a thread, while
+    the next shard computes). :class:`OutOfSpace` if the disk is full, over quota or
+    read-only.
     """
     if fmt not in _WRITERS:
         raise ConfigError(f"format={fmt!r} is not one of {', '.join(map(repr, _WRITERS))}")
@@ -338,8 +335,7 @@ def save_shard(
 
 
 def _seal(tmp: Path, path: Path, temps: Temps, size: int) -> None:
-    """What ``save_shard(seal=)`` leaves for later: the temporary file's fsync, then
-    its rename to ``path``."""
+    """What ``save_shard(seal=)`` leaves for later: the file's fsync, then its rename."""
     try:
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -360,11 +356,10 @@ def _out_of_space(path: Path, exc: OSError, nbytes: int) -> OutOfSpace:
         free = f"{_mb(shutil.disk_usage(path.parent if path.parent.exists() else '.').free)} free"
     except OSError:
         free = "free space unknown"
-    size = _mb(nbytes)
     return OutOfSpace(
         f"{path}: cannot be written: {exc.strerror or os.strerror(exc.errno or 0)} "
         f"[errno {errno.errorcode.get(exc.errno or 0, exc.errno)}] ({free}, the shard's "
-        f"output is {size}); {_FULL[exc.errno or 0]}, then rerun with --resume"
+        f"output is {_mb(nbytes)}); {_FULL[exc.errno or 0]}, then rerun with --resume"
     )
 
 

@@ -141,12 +141,10 @@ def run_shard(
 ) -> dict[str, Any]:
     """Process one shard and return its manifest entry (the manifest is the caller's).
 
-    ``pool`` runs the rows (else :func:`prep.map_rows` with the config's executor);
-    ``cancel`` is checked between the steps; ``temps`` tracks the temporary file;
-    ``compute``, held while the rows run, keeps shards in threads from computing at once;
-    ``checked``: column names the function was found callable on (this shard's added);
-    ``seal``: where the output's fsync and rename go (:func:`save_shard`).
-    """
+    ``pool`` runs the rows (else the config's executor); ``cancel`` is checked between
+    the steps; ``temps`` tracks the temporary file; ``compute``, held while the rows run,
+    keeps shards in threads from computing at once; ``checked``: column names the function
+    is known to take (this shard's added); ``seal``: see :func:`save_shard`."""
     started = time.monotonic()
     config, src = task.config, task.source
     before = _stat(src.path)
