@@ -19,6 +19,7 @@ import prep
 from prep.cli import COMMANDS, main, parse_value
 from prep.ops import side_context
 from prep.run import ShardProgress
+from prep.run import save as W
 from prep.run import shards as S
 from prep.run.manifest import Manifest
 
@@ -121,7 +122,7 @@ def test_run_side_context_out_of_the_box(tmp_path, capsys):
     assert sorted(entries) == ["shard-00000.pt", "shard-00001.pt", "shard-00002.pt"]
     e = entries["shard-00001.pt"]
     assert e["fn"] == "prep.ops:side_context_row" and e["args"] == {"max_len": 5, "side": "right"}
-    assert e["output_sha256"] == S.sha256_file(out / "shard-00001.pt")
+    assert e["output_sha256"] == W.sha256_file(out / "shard-00001.pt")
     assert e["rows"] == 24 and e["torch"] == torch.__version__ and e["prep"] == prep.__version__
     assert e["input_size"] == (data / "shard-00001.pt").stat().st_size
 
@@ -142,7 +143,7 @@ def test_executors_jobs_and_formats_agree_byte_for_byte(tmp_path, no_leaks):
 
 def test_columns_are_positional_in_the_given_order(tmp_path):
     src = tmp_path / "in"
-    S.save_shard({"a": torch.ones(4, 2), "b": torch.arange(8.0).view(4, 2)}, src / "s.pt", "pt")
+    W.save_shard({"a": torch.ones(4, 2), "b": torch.arange(8.0).view(4, 2)}, src / "s.pt", "pt")
     assert cli("run", src, "--out", tmp_path / "o", "--fn", "tests.rowfns:pair",
                "--columns", "b,a", "--quiet") == 0  # fmt: skip
     got = S.load_shard(tmp_path / "o" / "s.pt")
@@ -235,7 +236,7 @@ def test_a_failed_shard_shows_its_traceback(tmp_path, capsys, monkeypatch):
 
 def test_a_row_function_error_shows_the_function_line(tmp_path, capsys):
     data = tmp_path / "data"
-    S.save_shard({"x": torch.arange(8.0)}, data / "a.pt", "pt")
+    W.save_shard({"x": torch.arange(8.0)}, data / "a.pt", "pt")
     args = ["--fn", "tests.rowfns:fail_on_5", "--columns", "x", "--executor", "serial"]
     assert cli("run", data, "--out", tmp_path / "o", *args, "--quiet") == 1
     err = capsys.readouterr().err
@@ -247,7 +248,7 @@ def test_unwritable_outputs(tmp_path, capsys):
     # fail another way: a regular file where the output folder (or a subfolder) must be.
     data = make(tmp_path / "data", shards=2)
     (data / "sub").mkdir()
-    S.save_shard(S.load_shard(data / "shard-00000.pt"), data / "sub" / "c.pt", "pt")
+    W.save_shard(S.load_shard(data / "shard-00000.pt"), data / "sub" / "c.pt", "pt")
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     assert cli("run", data, "--out", blocker, *SIDE) == 2
@@ -422,7 +423,7 @@ def test_signal_abandons_in_flight_cleanly(tmp_path, slow_data, sig, code, execu
     entries = Manifest(out).entries()
     assert 1 <= len(entries) < len(clean)
     for e in entries.values():  # every recorded shard is complete and matches
-        assert S.sha256_file(out / e["output"]) == e["output_sha256"]
+        assert W.sha256_file(out / e["output"]) == e["output_sha256"]
     gone = lambda: not any(alive(pid) for pid in helpers)
     assert wait_until(gone, timeout=15), f"orphans: {helpers}"
     assert cli("run", data, "--out", out, *SLOW, "--resume", "--quiet") == 0

@@ -19,6 +19,7 @@ import torch
 
 import prep
 from prep.cli import main
+from prep.run import save as W
 from prep.run import shards as S
 from prep.run.manifest import Manifest
 
@@ -44,7 +45,7 @@ def tokens(folder: pathlib.Path, shards: int = 4, bad: dict[int, list[int]] | No
         lengths = torch.randint(8, 17, (ROWS,), generator=gen)
         lengths[(bad or {}).get(k, [])] = 7
         columns = {"input_ids": ids} if k in without else {"input_ids": ids, "lengths": lengths}
-        S.save_shard(columns, folder / f"s{k}.pt", "pt")
+        W.save_shard(columns, folder / f"s{k}.pt", "pt")
     return folder
 
 
@@ -82,8 +83,8 @@ def test_fn_may_be_a_file_path(tmp_path, capsys, monkeypatch, spec, executor):
     module.parent.mkdir(exist_ok=True)
     module.write_text(MODULE)
     data = tmp_path / "data"
-    S.save_shard({"x": torch.arange(12.0).view(4, 3)}, data / "a.pt", "pt")
-    S.save_shard({"x": torch.arange(6.0).view(2, 3)}, data / "b.pt", "pt")
+    W.save_shard({"x": torch.arange(12.0).view(4, 3)}, data / "a.pt", "pt")
+    W.save_shard({"x": torch.arange(6.0).view(2, 3)}, data / "b.pt", "pt")
     code = cli("run", data, "--out", "out", "--fn", spec, "--executor", executor,
                "--workers", 2)  # fmt: skip
     err = capsys.readouterr().err
@@ -136,7 +137,7 @@ def test_a_shard_without_a_column_fails_alone_naming_file_and_column(tmp_path, c
 @pytest.mark.parametrize("columns", [[], ["--columns", "x"]])
 def test_state_without_setup_names_setup(tmp_path, capsys, columns):
     data = tmp_path / "data"
-    S.save_shard({"x": torch.ones(4, 2)}, data / "a.pt", "pt")
+    W.save_shard({"x": torch.ones(4, 2)}, data / "a.pt", "pt")
     assert cli("run", data, "--out", tmp_path / "o", "--fn", "tests.rowfns:needs_state",
                *columns) == 2  # fmt: skip
     (line,) = lines(capsys.readouterr().err)
@@ -171,7 +172,7 @@ def test_row_errors_name_on_row_error_and_following_it_works(tmp_path, capsys):
 
 def test_ragged_rows_name_the_pad_flag(tmp_path, capsys):
     data = tmp_path / "data"
-    S.save_shard({"x": torch.arange(24.0).view(8, 3)}, data / "a.pt", "pt")
+    W.save_shard({"x": torch.arange(24.0).view(8, 3)}, data / "a.pt", "pt")
     args = ["--fn", "tests.rowfns:ragged", "--columns", "x", "--executor", "serial"]
     assert cli("run", data, "--out", tmp_path / "o", *args) == 1
     err = capsys.readouterr().err

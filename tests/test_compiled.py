@@ -288,14 +288,14 @@ def test_prep_runs_plan_never_compiles_unasked(tmp_path, monkeypatch):
     """Under auto, ``prep run`` measures on its first shard only the forms that cost
     nothing to try: a compile is seconds of a core that no shard asked for."""
     import prep.run
-    from prep.run import shards as S
+    from prep.run import save as W
 
     compiles: list[Any] = []
     monkeypatch.setattr(CompiledExecutor, "run", lambda self, job: compiles.append(job))
     data = tmp_path / "data"
     data.mkdir()
     for k in range(3):
-        S.save_shard({"x": torch.full((16, 4), float(k))}, data / f"s{k}.pt", "pt")
+        W.save_shard({"x": torch.full((16, 4), float(k))}, data / f"s{k}.pt", "pt")
     config = prep.run.RunConfig("tests.rowfns:affine", columns=("x",))
     summary = prep.run.run_shards([data], tmp_path / "out", config)
     assert (summary.exit_code, summary.done) == (0, 3) and not compiles

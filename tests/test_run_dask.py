@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from prep.run import save as W
 from prep.run import shards as S
 from prep.run.manifest import Manifest
 
@@ -85,7 +86,7 @@ def test_a_dead_scheduler_ends_the_run_with_one_line_and_leaves_the_rest_to_resu
 ):
     data = tmp_path / "data"
     for k in range(6):
-        S.save_shard({"x": torch.arange(4.0)[:, None] + 10 * k}, data / f"s{k}.pt", "pt")
+        W.save_shard({"x": torch.arange(4.0)[:, None] + 10 * k}, data / f"s{k}.pt", "pt")
     started, go = tmp_path / "started", tmp_path / "go"
     out = tmp_path / "out"
     args = ["run", str(data), "--out", str(out), "--fn", "tests.rowfns:waits_for_go",

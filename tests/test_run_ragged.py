@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from prep.cli import main
+from prep.run import save as W
 from prep.run import shards as S
 from prep.run.manifest import Manifest
 from prep.run.rows import MAX_ERRORS
@@ -36,7 +37,7 @@ def samples(lengths: list[int], fails: set[int] = frozenset()) -> torch.Tensor:
 def make(folder: pathlib.Path, fails: bool = False) -> pathlib.Path:
     for name, lengths in LENGTHS.items():
         s = samples(lengths, FAILS[name] if fails else set())
-        S.save_shard({"s": s}, folder / name, "pt")
+        W.save_shard({"s": s}, folder / name, "pt")
     return folder
 
 
@@ -89,7 +90,7 @@ def test_pad_saves_padded_outputs_with_lengths_and_resumes_byte_identical(tmp_pa
 def test_dict_results_get_one_lengths_tensor_each(tmp_path):
     src = tmp_path / "in"
     shapes = [(1, 3, 5), (2, 1, 6), (3, 2, 7)]  # [h, w, value] -> ids [h, w], mask [w]
-    S.save_shard({"s": torch.tensor(shapes)}, src / "s.safetensors", "safetensors")
+    W.save_shard({"s": torch.tensor(shapes)}, src / "s.safetensors", "safetensors")
     assert cli("run", src, "--out", tmp_path / "o", "--fn", "tests.rowfns:ragged_2d",
                "--columns", "s", "--pad", 0, "--executor", "serial", "--quiet") == 0  # fmt: skip
     got = S.load_shard(tmp_path / "o" / "s.safetensors")
@@ -115,7 +116,7 @@ def test_pad_to_fixes_the_shape_and_a_larger_row_fails_its_shard(tmp_path, capsy
 
 def test_a_lengths_name_taken_by_a_result_fails_with_the_fix(tmp_path, capsys):
     src = tmp_path / "in"
-    S.save_shard({"s": torch.arange(6).view(3, 2)}, src / "s.pt", "pt")
+    W.save_shard({"s": torch.arange(6).view(3, 2)}, src / "s.pt", "pt")
     assert cli("run", src, "--out", tmp_path / "o", "--fn", "tests.rowfns:ids_and_ids_lengths",
                "--columns", "s", "--pad", 0, "--executor", "serial") == 1  # fmt: skip
     err = capsys.readouterr().err
@@ -198,7 +199,7 @@ def test_processes_fill_the_same_bytes_as_serial(tmp_path, no_leaks):
     data = make(tmp_path / "data", fails=True)
     lengths = torch.randint(0, 30, (200,), generator=torch.Generator().manual_seed(0))
     big = samples(lengths.tolist(), set(range(0, 200, 7)))
-    S.save_shard({"s": big}, data / "big.pt", "pt")
+    W.save_shard({"s": big}, data / "big.pt", "pt")
     rows = ["--pad", 0, "--on-row-error", "fill", "--fill", -1, "--quiet"]
     assert cli("run", data, "--out", tmp_path / "s", *VARIABLE, *rows, "--executor", "serial") == 0
     assert cli("run", data, "--out", tmp_path / "p", *VARIABLE, *rows,
@@ -211,7 +212,7 @@ def test_processes_fill_the_same_bytes_as_serial(tmp_path, no_leaks):
 
 def test_equal_rows_that_fail_need_no_pad(tmp_path):
     src = tmp_path / "in"
-    S.save_shard({"x": torch.arange(8.0).view(8, 1)}, src / "s.pt", "pt")
+    W.save_shard({"x": torch.arange(8.0).view(8, 1)}, src / "s.pt", "pt")
     assert cli("run", src, "--out", tmp_path / "o", "--fn", "tests.rowfns:fail_on_5",
                "--columns", "x", "--executor", "serial", "--on-row-error", "fill",
                "--quiet") == 0  # fmt: skip
@@ -226,7 +227,7 @@ def test_equal_rows_that_fail_need_no_pad(tmp_path):
 def test_row_errors_are_recorded_for_the_first_hundred_only(tmp_path, capsys):
     src = tmp_path / "in"
     n = MAX_ERRORS + 20
-    S.save_shard({"s": samples([1] * (n + 1), set(range(1, n + 1)))}, src / "s.pt", "pt")
+    W.save_shard({"s": samples([1] * (n + 1), set(range(1, n + 1)))}, src / "s.pt", "pt")
     assert cli("run", src, "--out", tmp_path / "o", *VARIABLE, "--on-row-error", "skip",
                "--executor", "serial", "--quiet") == 0  # fmt: skip
     e = entry(tmp_path / "o", "s.pt")
@@ -237,7 +238,7 @@ def test_row_errors_are_recorded_for_the_first_hundred_only(tmp_path, capsys):
 
 def test_a_shard_whose_rows_all_fail_is_a_failed_shard(tmp_path, capsys):
     src = tmp_path / "in"
-    S.save_shard({"s": samples([1, 2, 3], {0, 1, 2})}, src / "s.pt", "pt")
+    W.save_shard({"s": samples([1, 2, 3], {0, 1, 2})}, src / "s.pt", "pt")
     assert cli("run", src, "--out", tmp_path / "o", *VARIABLE, "--on-row-error", "fill",
                "--pad", 0, "--executor", "serial") == 1  # fmt: skip
     err = capsys.readouterr().err
@@ -318,7 +319,7 @@ def test_a_row_that_kills_its_worker_is_a_recorded_failed_row(tmp_path, capsys):
     """The row's error comes from the pool, not from running the row again in the run's
     own process (a segfaulting row would take the run down)."""
     data = tmp_path / "data"
-    S.save_shard({"x": torch.arange(12.0).view(12, 1)}, data / "a.pt", "pt")
+    W.save_shard({"x": torch.arange(12.0).view(12, 1)}, data / "a.pt", "pt")
     out = tmp_path / "out"
     assert cli("run", data, "--out", out, "--fn", "tests.rowfns:segfault", "--columns", "x",
                "--executor", "processes", "--workers", 2, "--on-row-error", "fill",

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ import torch
 
 import prep.run
 from prep.run import RunConfig, run_shards
+from prep.run import save as W
 from prep.run import shards as S
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -36,7 +38,7 @@ def prep_cli(*args: object, cwd: pathlib.Path | None = None) -> subprocess.Compl
 def filled(folder: pathlib.Path, shards: int, rows: int, width: int) -> None:
     """Shard k: float32 [rows, width], every value k (its outputs tell shards apart)."""
     for k in range(shards):
-        S.save_shard({"x": torch.full((rows, width), float(k))}, folder / f"s{k:02d}.pt", "pt")
+        W.save_shard({"x": torch.full((rows, width), float(k))}, folder / f"s{k:02d}.pt", "pt")
 
 
 def files(folder: pathlib.Path) -> dict[str, bytes]:
@@ -104,7 +106,7 @@ def test_a_crash_between_renames_and_the_group_commit_loses_only_what_resume_red
     assert not set(crash["pending"]) & {e["output"] for e in recorded.values()}
     # nothing recorded that is not on disk as recorded
     for entry in recorded.values():
-        assert S.sha256_file(crashed / entry["output"]) == entry["output_sha256"]
+        assert W.sha256_file(crashed / entry["output"]) == entry["output_sha256"]
 
     resumed = run_shards([data], crashed, config, parallel="shards", resume=True)
     skipped = len(recorded)
@@ -198,10 +200,10 @@ def test_an_oserror_under_torchs_writer_is_said_by_its_errno(tmp_path, monkeypat
         def write(self, data):
             raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
 
-    real = S._Hashing.__init__
-    monkeypatch.setattr(S._Hashing, "__init__", lambda self, f: real(self, Full(f)))
-    with pytest.raises(S.OutOfSpace) as info:
-        S.save_shard({"x": torch.zeros(4, 4)}, tmp_path / "a.pt", "pt")
+    real = W._Hashing.__init__
+    monkeypatch.setattr(W._Hashing, "__init__", lambda self, f: real(self, Full(f)))
+    with pytest.raises(W.OutOfSpace) as info:
+        W.save_shard({"x": torch.zeros(4, 4)}, tmp_path / "a.pt", "pt")
     text = str(info.value)
     assert text.startswith(f"{tmp_path / 'a.pt'}: cannot be written") and "errno EDQUOT" in text
     assert "enforce" not in text and text.endswith("then rerun with --resume")
@@ -214,7 +216,7 @@ def test_an_oserror_under_torchs_writer_is_said_by_its_errno(tmp_path, monkeypat
 def test_a_zero_row_shard_takes_the_layout_of_a_shard_done(tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     filled(data, shards=2, rows=5, width=3)
-    S.save_shard({"x": torch.zeros(0, 3)}, data / "s00a.pt", "pt")  # between them by name
+    W.save_shard({"x": torch.zeros(0, 3)}, data / "s00a.pt", "pt")  # between them by name
     config = RunConfig("tests.rowfns:affine", columns=("x",))
     s = run_shards([data], out, config)
     assert (s.exit_code, s.done, s.failed) == (0, 3, [])
@@ -234,7 +236,7 @@ def test_a_zero_row_shard_takes_the_layout_of_a_shard_done(tmp_path):
 def test_a_zero_row_shard_with_no_layout_is_one_line_in_the_command_lines_words(tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
-    S.save_shard({"x": torch.zeros(0, 3)}, data / "empty.pt", "pt")
+    W.save_shard({"x": torch.zeros(0, 3)}, data / "empty.pt", "pt")
     r = prep_cli("run", data, "--out", out, "--fn", "tests.rowfns:affine", "--columns", "x",
                  cwd=ROOT)  # fmt: skip
     assert r.returncode == 1
@@ -324,7 +326,7 @@ def test_shards_sent_several_a_call_equal_the_loop_and_a_worker_death_fails_one(
     data, out = tmp_path / "data", tmp_path / "out"
     for k in range(9):  # rowfns.exits: a row starting with 1 ends the worker (s00's row 1)
         x = torch.full((4, 3), 10.0 + k).index_fill(0, torch.tensor([1]), 1.0 if k == 0 else 5.0)
-        S.save_shard({"x": x}, data / f"s{k:02d}.pt", "pt")
+        W.save_shard({"x": x}, data / f"s{k:02d}.pt", "pt")
     real = local.plan_run
 
     def three_a_call(*args, **kwargs):
@@ -356,8 +358,8 @@ def test_shards_sent_several_a_call_equal_the_loop_and_a_worker_death_fails_one(
 def test_an_output_sealed_later_is_named_once_fsynced_and_a_full_disk_there_fails_its_shard(
     tmp_path, monkeypatch
 ):
-    """save_shard(seal=): the fsync and rename wait for the function it hands over (a
-    worker runs it while its next shard computes); ENOSPC at that fsync is the shard's
+    """save_shard(seal=): the fsync and rename wait for seal_files (a worker sent several
+    shards at once seals them together at the end); ENOSPC at that fsync is the shard's
     OutOfSpace line, the temporary file gone, no output under the final name."""
     from prep.errors import OutOfSpace
     from prep.executors import call_error
@@ -366,20 +368,21 @@ def test_an_output_sealed_later_is_named_once_fsynced_and_a_full_disk_there_fail
     data, out = tmp_path / "data", tmp_path / "out"
     filled(data, shards=2, rows=2, width=3)
     later: list = []
-    sha, _ = S.save_shard({"x": torch.ones(3)}, tmp_path / "a.pt", "pt", seal=later.append)
+    sha, _ = W.save_shard({"x": torch.ones(3)}, tmp_path / "a.pt", "pt", seal=later.append)
     assert not (tmp_path / "a.pt").exists() and len(temps(tmp_path)) == 1
-    later.pop()()
+    assert W.seal_files([later.pop()]) == [None]
     assert torch.equal(S.load_shard(tmp_path / "a.pt")["x"], torch.ones(3)) and not temps(tmp_path)
-    assert S.sha256_file(tmp_path / "a.pt") == sha
+    assert W.sha256_file(tmp_path / "a.pt") == sha
 
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(S.os, "fsync", full)
-    S.save_shard({"x": torch.ones(3)}, tmp_path / "b.pt", "pt", seal=later.append)
-    with pytest.raises(OutOfSpace, match=r"b\.pt: cannot be written: No space left on device "
-                       r"\[errno ENOSPC\].*then rerun with --resume"):  # fmt: skip
-        later.pop()()
+    monkeypatch.setattr(W.os, "fsync", full)
+    W.save_shard({"x": torch.ones(3)}, tmp_path / "b.pt", "pt", seal=later.append)
+    (error,) = W.seal_files([later.pop()])
+    assert isinstance(error, OutOfSpace)
+    assert re.search(r"b\.pt: cannot be written: No space left on device \[errno ENOSPC\].*"
+                     r"then rerun with --resume", str(error))  # fmt: skip
     assert not (tmp_path / "b.pt").exists() and not temps(tmp_path)
     # two shards in one call: each one's seal fails it alone, as the shard's own error
     config = RunConfig("tests.rowfns:affine", columns=("x",), executor="serial")

@@ -14,6 +14,7 @@ import torch
 
 from prep.cli import main
 from prep.run import RunConfig, ShardFigures, decide, run_shards
+from prep.run import save as W
 from prep.run import shards as S
 from prep.run.manifest import Manifest
 from prep.run.plan import ROWS_MARGIN
@@ -33,7 +34,7 @@ def numbered(folder: pathlib.Path, shards: int = 4, rows: int = 6, fmt: str = "p
     suffix = {"pt": ".pt", "safetensors": ".safetensors"}[fmt]
     for k in range(shards):
         x = (10.0 * k + torch.arange(rows, dtype=torch.float32))[:, None].expand(rows, 3)
-        S.save_shard({"x": x.contiguous()}, folder / f"s{k}{suffix}", fmt)
+        W.save_shard({"x": x.contiguous()}, folder / f"s{k}{suffix}", fmt)
 
 
 def loop(fn, folder: pathlib.Path) -> dict[str, torch.Tensor]:
@@ -229,7 +230,7 @@ def test_ctrl_c_abandons_whole_shards_cleanly(tmp_path):
     entries = Manifest(out).entries()
     assert 1 <= len(entries) < 8
     for e in entries.values():
-        assert S.sha256_file(out / e["output"]) == e["output_sha256"]
+        assert W.sha256_file(out / e["output"]) == e["output_sha256"]
 
 
 # ------------------------------------------------------------------ rows: one at a time

@@ -16,6 +16,7 @@ import torch
 
 import prep
 from prep.core.seeding import mix
+from prep.run import save as W
 from prep.run import shards as S
 from prep.run.manifest import Manifest
 
@@ -90,7 +91,7 @@ def test_collate_gives_each_batch_the_same_draws_at_any_num_workers(num_workers,
 def shards(folder: pathlib.Path, n: int = 6, rows: int = 5) -> None:
     for k in range(n):
         x = (10.0 * k + torch.arange(rows, dtype=torch.float32))[:, None].expand(rows, 3)
-        S.save_shard({"x": x.contiguous()}, folder / f"s{k}.pt", "pt")
+        W.save_shard({"x": x.contiguous()}, folder / f"s{k}.pt", "pt")
 
 
 def run_loop(fn, folder: pathlib.Path, seed: int) -> dict[str, torch.Tensor]:

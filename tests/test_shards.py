@@ -15,6 +15,7 @@ import torch
 
 import prep
 from prep.errors import Cancelled
+from prep.run import save as W
 from prep.run import shards as S
 from prep.run import temps as T
 from prep.run.config import RunConfig, load_fn
@@ -53,12 +54,12 @@ def test_saves_are_byte_identical_whatever_the_temp_name_or_view(tmp_path, fmt):
     big = torch.arange(40.0)
     a = {"x": big[:10].view(2, 5), "n": torch.arange(3)}  # a view of a larger storage
     b = {"x": torch.arange(10.0).view(2, 5), "n": torch.arange(3)}
-    sha_a, size_a = S.save_shard(a, tmp_path / f"a.{fmt}", fmt)
-    sha_b, size_b = S.save_shard(b, tmp_path / "sub" / f"b.{fmt}", fmt)
+    sha_a, size_a = W.save_shard(a, tmp_path / f"a.{fmt}", fmt)
+    sha_b, size_b = W.save_shard(b, tmp_path / "sub" / f"b.{fmt}", fmt)
     bytes_a = (tmp_path / f"a.{fmt}").read_bytes()
     assert bytes_a == (tmp_path / "sub" / f"b.{fmt}").read_bytes()
     assert (
-        (sha_a, size_a) == (sha_b, size_b) == (S.sha256_file(tmp_path / f"a.{fmt}"), len(bytes_a))
+        (sha_a, size_a) == (sha_b, size_b) == (W.sha256_file(tmp_path / f"a.{fmt}"), len(bytes_a))
     )
     assert temps_in(tmp_path) == []
     loaded = S.load_shard(tmp_path / f"a.{fmt}")
@@ -67,8 +68,8 @@ def test_saves_are_byte_identical_whatever_the_temp_name_or_view(tmp_path, fmt):
 
 def test_pt_bytes_do_not_depend_on_the_file_name(tmp_path):
     # torch.save(obj, path) names the zip's root folder after the file; ours must not
-    S.save_shard(tensors(), tmp_path / "one.pt", "pt")
-    S.save_shard(tensors(), tmp_path / "two.pt", "pt")
+    W.save_shard(tensors(), tmp_path / "one.pt", "pt")
+    W.save_shard(tensors(), tmp_path / "two.pt", "pt")
     names = zipfile.ZipFile(tmp_path / "one.pt").namelist()
     assert all(n.startswith("archive/") for n in names)
     assert (tmp_path / "one.pt").read_bytes() == (tmp_path / "two.pt").read_bytes()
@@ -76,33 +77,33 @@ def test_pt_bytes_do_not_depend_on_the_file_name(tmp_path):
 
 def test_pt_bytes_are_the_same_in_another_process(tmp_path):
     code = (
-        "import sys, torch; from prep.run import shards as S; "
+        "import sys, torch; from prep.run import save as W; "
         "from tests.test_shards import tensors; "
-        "S.save_shard(tensors(), __import__('pathlib').Path(sys.argv[1]), 'pt')"
+        "W.save_shard(tensors(), __import__('pathlib').Path(sys.argv[1]), 'pt')"
     )
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "child.pt")], check=True)
-    S.save_shard(tensors(), tmp_path / "here.pt", "pt")
+    W.save_shard(tensors(), tmp_path / "here.pt", "pt")
     assert (tmp_path / "child.pt").read_bytes() == (tmp_path / "here.pt").read_bytes()
 
 
 def test_shared_storage_is_saved_as_separate_tensors(tmp_path):
     t = torch.arange(6.0)
-    S.save_shard({"a": t, "b": t}, tmp_path / "s.safetensors", "safetensors")
+    W.save_shard({"a": t, "b": t}, tmp_path / "s.safetensors", "safetensors")
     assert torch.equal(S.load_shard(tmp_path / "s.safetensors")["b"], t)
 
 
 def test_a_failed_write_keeps_the_old_file_and_no_temp(tmp_path, monkeypatch):
     path = tmp_path / "a.pt"
-    S.save_shard(tensors(1), path, "pt")
+    W.save_shard(tensors(1), path, "pt")
     old = path.read_bytes()
 
     def half_then_fail(tensors, f):
         f.write(b"PK\x03\x04 half a zip")
         raise OSError("disk full")
 
-    monkeypatch.setitem(S._WRITERS, "pt", half_then_fail)
+    monkeypatch.setitem(W._WRITERS, "pt", half_then_fail)
     with pytest.raises(OSError, match="disk full"):
-        S.save_shard(tensors(2), path, "pt")
+        W.save_shard(tensors(2), path, "pt")
     assert path.read_bytes() == old
     assert temps_in(tmp_path) == []
 
@@ -117,7 +118,7 @@ def test_abandoned_temps_are_removed_and_refused(tmp_path):
     with pytest.raises(Cancelled):
         temps.new(tmp_path / "b.pt")
     with pytest.raises(Cancelled):
-        S.save_shard(tensors(), tmp_path / "c.pt", "pt", temps)
+        W.save_shard(tensors(), tmp_path / "c.pt", "pt", temps)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -181,7 +182,7 @@ def test_weights_only_refuses_a_malicious_pickle_and_never_runs_it(tmp_path):
 @pytest.mark.parametrize("fmt", ["pt", "safetensors"])
 def test_a_truncated_shard_names_the_file(tmp_path, fmt):
     path = tmp_path / f"cut.{fmt}"
-    S.save_shard(tensors(), path, fmt)
+    W.save_shard(tensors(), path, fmt)
     path.write_bytes(path.read_bytes()[:-40])
     with pytest.raises(prep.ShardError, match=rf"cut\.{fmt}: cannot be read"):
         S.load_shard(path)
@@ -263,7 +264,7 @@ def test_manifest_append_read_and_a_torn_last_line(tmp_path):
 def test_manifest_is_done_checks_input_recipe_and_output(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
-    S.save_shard(tensors(), src / "a.pt", "pt")
+    W.save_shard(tensors(), src / "a.pt", "pt")
     shard = S.find_shards([src])[0]
     config = RunConfig("tests.rowfns:affine", columns=("x",))
     out = tmp_path / "out"
@@ -277,7 +278,7 @@ def test_manifest_is_done_checks_input_recipe_and_output(tmp_path):
     assert not m.is_done(entry, shard, recipe)
     entry = run_shard(ShardTask(shard, out, config))
     assert m.is_done(entry, shard, recipe)
-    S.save_shard(tensors(), src / "a.pt", "pt")  # same bytes, new mtime
+    W.save_shard(tensors(), src / "a.pt", "pt")  # same bytes, new mtime
     assert not m.is_done(entry, shard, recipe)
 
 
@@ -295,7 +296,7 @@ def test_manifest_is_done_checks_input_recipe_and_output(tmp_path):
 @pytest.mark.parametrize("executor", ["serial", "auto"])
 def test_run_shard_names_the_results(tmp_path, fn, columns, keys, executor):
     src = tmp_path / "a.safetensors"
-    S.save_shard({"x": torch.ones(4, 3), "y": torch.full((4, 3), 2.0)}, src, "safetensors")
+    W.save_shard({"x": torch.ones(4, 3), "y": torch.full((4, 3), 2.0)}, src, "safetensors")
     config = RunConfig(fn, columns=columns, executor=executor, format="pt")
     entry = run_shard(ShardTask(ShardFile(src, "a.safetensors"), tmp_path / "out", config))
     assert entry["output"] == "a.pt" and entry["rows"] == 4
@@ -304,7 +305,7 @@ def test_run_shard_names_the_results(tmp_path, fn, columns, keys, executor):
 
 def test_run_shard_problems_name_the_file(tmp_path):
     src = tmp_path / "a.pt"
-    S.save_shard({"x": torch.arange(8).view(8, 1), "y": torch.ones(3)}, src, "pt")
+    W.save_shard({"x": torch.arange(8).view(8, 1), "y": torch.ones(3)}, src, "pt")
     task = lambda **kw: ShardTask(ShardFile(src, "a.pt"), tmp_path / "o", RunConfig(**kw))
     with pytest.raises(prep.ShardError, match=r"a\.pt: has no column 'z'; it has 'x', 'y'"):
         run_shard(task(fn="tests.rowfns:affine", columns=("x", "z")))

@@ -24,6 +24,7 @@ import torch
 
 import prep
 from prep.run import RunConfig, run_shards
+from prep.run import save as W
 from prep.run import shards as S
 from prep.stream import strategy
 from tests import registry
@@ -150,7 +151,7 @@ def test_a_caller_that_seeds_torch_starts_its_workers_from_the_same_seeds():
 def test_whole_shard_workers_never_repeat_a_draw(tmp_path, gen):
     data = tmp_path / "data"
     for k in range(6):
-        S.save_shard({"x": torch.zeros(8, 2)}, data / f"s{k}.pt", "pt")
+        W.save_shard({"x": torch.zeros(8, 2)}, data / f"s{k}.pt", "pt")
     config = RunConfig(f"tests.test_worker_seeds:{DRAWS[gen][0].__name__}", columns=("x",))
     report = run_shards([data], tmp_path / "out", config, parallel="shards", jobs=2)
     assert report.exit_code == 0 and report.plan.startswith("shards:")

@@ -2,7 +2,8 @@
 
 The pieces, in the order a shard meets them (:mod:`prep.run.jobs` draws the flow)::
 
-    shards.py    find, load (weights_only) and save (temp file, fsync, rename) shard files
+    shards.py    find and load (weights_only) shard files
+    save.py      save them (temp file, fsync, rename), a call's outputs fsynced together
     manifest.py  manifest.jsonl: a line per finished shard, fsynced a group at a time
     calls.py     --fn and --setup found (a module or a .py path); a row call checked
     config.py    RunConfig: the function, its arguments, the row options; checked up front
@@ -36,14 +37,8 @@ from .jobs import ON_ERROR, run_shards
 from .manifest import Manifest
 from .plan import PARALLEL, ShardFigures, ShardPlan, decide
 from .progress import ShardProgress, Summary
-from .shards import (
-    FORMATS,
-    OutOfSpace,
-    ShardFile,
-    find_shards,
-    load_shard,
-    save_shard,
-)
+from .save import OutOfSpace, save_shard
+from .shards import FORMATS, ShardFile, find_shards, load_shard
 from .signals import sigterm_raises
 from .synthetic import make_shards
 from .task import NoRows, ShardTask, run_shard

@@ -33,7 +33,7 @@ from ..errors import Cancelled, ClusterLost, ConfigError, RowError
 from . import failures
 from .manifest import Manifest
 from .progress import ShardProgress, Summary
-from .shards import OutOfSpace
+from .save import OutOfSpace
 from .task import Layout, NoRows, ShardTask, halt_workers
 
 __all__ = ["Backend", "Committer", "Driver"]

@@ -63,7 +63,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from .shards import ShardFile, sha256_file, sync_folders
+from .save import sha256_file, sync_folders
+from .shards import ShardFile
 
 __all__ = ["NAME", "SCHEMA", "Manifest", "recipe_changes"]
 

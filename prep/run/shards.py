@@ -1,4 +1,5 @@
-"""Shard files: find them, load them without trusting them, save them atomically.
+"""Shard files: find them, and load them without trusting them (:mod:`prep.run.save`
+writes them).
 
 A shard is one file holding a dict of named tensors that share dim 0 (the rows):
 ``.pt`` (``torch.save`` of a dict) or ``.safetensors``.
@@ -7,56 +8,29 @@ Loading trusts nothing. ``.pt`` goes through ``torch.load(weights_only=True)``,
 whose unpickler builds tensors and plain containers and refuses everything
 else; a refusal is never retried unsafely (only ``trust_pickle=True`` loads
 arbitrary pickles). Whatever goes wrong comes out as :class:`~prep.ShardError`
-naming the file and the problem.
-
-Saving never leaves a truncated file under a final name::
-
-    tensors ─serialize─▶ .{name}.tmp-{pid}-{random}   (same folder, so same filesystem)
-            ─flush, fsync─▶ os.replace(tmp, name) ─fsync(folder)─▶ durable
-
-(``prep run`` leaves the folder's fsync to its driver, once for a group of shards:
-:func:`sync_folders`). A disk that is full, over quota or read-only is
-:class:`OutOfSpace`, named by its errno, also where torch's writer wraps the
-``OSError`` in an enforce message of its own.
-
-and the bytes are a function of the tensors alone: ``torch.save`` to a *path*
-names the zip's root folder after the file (a temporary name would leak into
-the bytes), so it writes to a file object, whose root is always ``archive/``;
-views are compacted first, since ``torch.save`` of a view writes its whole
-storage. Two saves of equal dicts are byte-identical, in any process.
-"""
+naming the file and the problem."""
 
 from __future__ import annotations
 
-import errno
-import functools
-import hashlib
 import os
-import shutil
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import safetensors.torch
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError, OutOfSpace, ShardError
-from .temps import Temps
+from ..errors import ConfigError, ShardError
 
 __all__ = [
     "FORMATS",
-    "OutOfSpace",
     "ShardFile",
-    "compact",
     "find_shards",
     "load_shard",
     "other_files",
-    "save_shard",
-    "sha256_file",
-    "sync_folders",
 ]
 
 #: file suffix -> format name
@@ -227,174 +201,3 @@ def _why(exc: Exception, trust_pickle: bool) -> str:
     if "central directory" in text or "zip archive" in text:
         return f"truncated or not a torch.save file: {text}"
     return f"{type(exc).__name__}: {text}"
-
-
-# ------------------------------------------------------------------ saving
-
-
-def compact(t: Tensor) -> Tensor:
-    """``t`` contiguous on the CPU, owning exactly its bytes (a view's storage may be larger)."""
-    t = t.detach().cpu().contiguous()
-    if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.nbytes:
-        t = t.clone()
-    return t
-
-
-#: errnos that say the disk, not the shard, is at fault, and the fix for each
-_FULL = {
-    errno.ENOSPC: "free space on it",
-    errno.EDQUOT: "free space on it (or raise your quota)",
-    errno.EROFS: "make it writable (or choose another --out)",
-}
-
-
-class _Hashing:
-    """A write-only file object that hashes what passes through it, and keeps the
-    ``OSError`` of a failed write (torch's writer raises its own error in its place)."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self.f = f
-        self.sha = hashlib.sha256()
-        self.size = 0
-        self.error: OSError | None = None
-
-    def write(self, data: Any) -> int:
-        self.sha.update(data)
-        self.size += memoryview(data).nbytes
-        try:
-            return self.f.write(data)
-        except OSError as exc:
-            self.error = exc
-            raise
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
-def _write_pt(tensors: dict[str, Tensor], f: _Hashing) -> None:
-    torch.save(tensors, f)  # type: ignore[arg-type]  # torch.save needs only write()
-
-
-def _write_safetensors(tensors: dict[str, Tensor], f: _Hashing) -> None:
-    f.write(safetensors.torch.save(tensors))
-
-
-_WRITERS: dict[str, Callable[[dict[str, Tensor], _Hashing], None]] = {
-    "pt": _write_pt,
-    "safetensors": _write_safetensors,
-}
-
-
-def save_shard(
-    tensors: Mapping[str, Tensor],
-    path: Path,
-    fmt: str,
-    temps: Temps | None = None,
-    sync_folder: bool = True,
-    seal: Callable[[Callable[[], None]], None] | None = None,
-) -> tuple[str, int]:
-    """Write ``tensors`` to ``path`` atomically and durably; returns (sha256 hex, size).
-
-    Tensors are compacted (:func:`compact`) and written in the mapping's order.
-    Parent folders are created. ``temps`` tracks the temporary file so that an
-    abandoned run can remove it. ``sync_folder=False`` leaves the rename's fsync to
-    the caller (:func:`sync_folders`, once for many files); ``seal``, the file's own
-    fsync and rename too, given to it as a function to call later (in a thread, while
-    the next shard computes). :class:`OutOfSpace` if the disk is full, over quota or
-    read-only.
-    """
-    if fmt not in _WRITERS:
-        raise ConfigError(f"format={fmt!r} is not one of {', '.join(map(repr, _WRITERS))}")
-    tensors = _owning(tensors)
-    temps = temps if temps is not None else Temps()
-    out: _Hashing | None = None
-    tmp: Path | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temps.new(path)
-        with open(tmp, "xb") as raw:
-            out = _Hashing(raw)
-            _WRITERS[fmt](tensors, out)
-            raw.flush()
-            if seal is None:
-                os.fsync(raw.fileno())
-        if seal is None:
-            temps.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            temps.forget(tmp)
-        cause = out.error if out is not None and out.error is not None else exc
-        if isinstance(cause, OSError) and cause.errno in _FULL:
-            raise _out_of_space(path, cause, sum(t.nbytes for t in tensors.values())) from None
-        raise
-    if seal is not None:
-        seal(functools.partial(_seal, tmp, path, temps, out.size))
-    elif sync_folder:
-        sync_folders([path.parent])
-    return out.sha.hexdigest(), out.size
-
-
-def _seal(tmp: Path, path: Path, temps: Temps, size: int) -> None:
-    """What ``save_shard(seal=)`` leaves for later: the file's fsync, then its rename."""
-    try:
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        temps.replace(tmp, path)
-    except BaseException as exc:
-        temps.forget(tmp)
-        if isinstance(exc, OSError) and exc.errno in _FULL:
-            raise _out_of_space(path, exc, size) from None
-        raise
-
-
-def _out_of_space(path: Path, exc: OSError, nbytes: int) -> OutOfSpace:
-    """One line: the file, the errno's words, the free space, the shard's size, the fix."""
-    try:
-        free = f"{_mb(shutil.disk_usage(path.parent if path.parent.exists() else '.').free)} free"
-    except OSError:
-        free = "free space unknown"
-    return OutOfSpace(
-        f"{path}: cannot be written: {exc.strerror or os.strerror(exc.errno or 0)} "
-        f"[errno {errno.errorcode.get(exc.errno or 0, exc.errno)}] ({free}, the shard's "
-        f"output is {_mb(nbytes)}); {_FULL[exc.errno or 0]}, then rerun with --resume"
-    )
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
-def _owning(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Compacted tensors, none sharing storage (safetensors refuses shared storage)."""
-    seen: set[int] = set()
-    owned = {}
-    for name, t in tensors.items():
-        t = compact(t)
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen and t.numel():
-            t = t.clone()
-        seen.add(t.untyped_storage().data_ptr())
-        owned[name] = t
-    return owned
-
-
-def sync_folders(folders: Iterable[Path]) -> None:
-    """fsync each folder once: a rename is only durable once its folder's entry is on
-    disk too (``prep run`` does it for a group of outputs, before their manifest lines)."""
-    for folder in dict.fromkeys(folders):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            sha.update(block)
-    return sha.hexdigest()

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from .shards import FORMATS, save_shard
+from .save import save_shard
+from .shards import FORMATS
 
 _SUFFIX = {name: suffix for suffix, name in FORMATS.items()}
 

@@ -25,7 +25,6 @@ import mmap
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,8 @@ from ..registry import in_caller
 from .config import RunConfig
 from .manifest import SCHEMA
 from .rows import failed_rows, with_lengths
-from .shards import ShardFile, load_shard, save_shard
+from .save import Unsealed, save_shard, seal_files
+from .shards import ShardFile, load_shard
 from .temps import Temps
 
 __all__ = [
@@ -137,7 +137,7 @@ def run_shard(
     temps: Temps | None = None,
     compute: threading.Lock | None = None,
     checked: set[tuple[str, ...]] | None = None,
-    seal: Callable[[Callable[[], None]], None] | None = None,
+    seal: Callable[[Unsealed], None] | None = None,
 ) -> dict[str, Any]:
     """Process one shard and return its manifest entry (the manifest is the caller's).
 
@@ -234,23 +234,23 @@ def run_shards_on_worker(tasks: list[ShardTask]) -> list[Any]:
     checked: set[tuple[str, ...]] = set()
     temps = Temps()
     outcomes: list[Any] = []
-    sealing: list[tuple[int, Future[None]]] = []  # a shard's fsync and rename, by index
-    with ThreadPoolExecutor(1, thread_name_prefix="prep-seal") as sealer:
+    sealing: list[tuple[int, Unsealed]] = []  # outputs to fsync and rename, by shard
 
-        def seal(finish: Callable[[], None]) -> None:  # overlaps the next shard's work
-            sealing.append((len(outcomes), sealer.submit(finish)))
+    def seal(file: Unsealed) -> None:
+        sealing.append((len(outcomes), file))
 
-        for task in tasks:
-            try:
-                if _HALT[0]:
-                    raise Cancelled(f"{task.source.path}: not started, the run stopped")
-                pool = _worker_pool(task.config)
-                later = seal if len(tasks) > 1 else None
-                outcomes.append(run_shard(task, pool, None, temps, None, checked, later))
-            except Exception as exc:  # the shard's own error; the others still run
-                outcomes.append(call_failure(exc))
-    for i, sealed in sealing:  # every output is in place, fsynced, before the call returns
-        error = sealed.exception()
+    for task in tasks:
+        try:
+            if _HALT[0]:
+                raise Cancelled(f"{task.source.path}: not started, the run stopped")
+            pool = _worker_pool(task.config)
+            later = seal if len(tasks) > 1 else None
+            outcomes.append(run_shard(task, pool, None, temps, None, checked, later))
+        except Exception as exc:  # the shard's own error; the others still run
+            outcomes.append(call_failure(exc))
+    # the call's outputs fsynced together, then renamed, before the call returns
+    errors = seal_files([file for _, file in sealing])
+    for (i, _), error in zip(sealing, errors):
         if error is not None:
             outcomes[i] = call_failure(error)
     return outcomes

@@ -1,6 +1,6 @@
 """Temporary files of shards being written: tracked, abandoned, and cleaned up after crashes.
 
-:func:`~prep.run.shards.save_shard` writes ``.{name}.tmp-{pid}-{random}`` next to
+:func:`~prep.run.save.save_shard` writes ``.{name}.tmp-{pid}-{random}`` next to
 the final file and renames it into place. The PID in the name says whose it is:
 a run removes the ones whose writer is gone, never those of a live run writing
 into the same folder.
