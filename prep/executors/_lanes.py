@@ -104,11 +104,6 @@ class Lane:
         earlier, the likelier it is free first)."""
         return (len(self.tickets), (self.tickets[0].started or 0.0) if self.tickets else 0.0)
 
-    @staticmethod
-    def freest(lanes: list[Lane]) -> Lane:
-        """The lane likely to be free first (:meth:`load`)."""
-        return min(lanes, key=Lane.load)
-
 
 def travels_by_name(fn: Any) -> bool:
     """Whether cloudpickle sends ``fn`` as its module and name alone: a builtin, or a
