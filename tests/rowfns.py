@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import time
 
 import torch
@@ -224,4 +225,11 @@ def waits_for_go(row: torch.Tensor, *, started: str, go: str) -> torch.Tensor:
         pass
     while not os.path.exists(go):
         time.sleep(0.01)
+    return row
+
+
+def exits_politely(row: torch.Tensor) -> torch.Tensor:
+    """A row starting with 1 calls ``sys.exit``: a BaseException, not a row's error."""
+    if int(row.flatten()[0]) == 1:
+        sys.exit(3)
     return row

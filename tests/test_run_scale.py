@@ -391,3 +391,32 @@ def test_an_output_sealed_later_is_named_once_fsynced_and_a_full_disk_there_fail
     assert [type(e) for e in errors] == [OutOfSpace, OutOfSpace]
     assert "s00.pt: cannot be written" in str(errors[0]) and "s01.pt" in str(errors[1])
     assert not list(out.glob("*.pt")) and not temps(out)
+
+
+def test_a_call_stops_at_a_full_disk_and_leaves_no_file_when_it_fails_whole(tmp_path, monkeypatch):
+    """In a call of several shards: after one finds the disk full, the others are not
+    started (Cancelled, which the driver counts as not finished); and a call that fails
+    whole (sys.exit in a row) removes the files it wrote before it raises."""
+    from prep.errors import Cancelled, OutOfSpace
+    from prep.executors import call_error
+    from prep.run.task import ShardTask, run_shards_on_worker
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    for k in range(3):  # rowfns.exits_politely: a row starting with 1 exits (s02's row 0)
+        W.save_shard({"x": torch.full((2, 3), 10.0 if k < 2 else 1.0)}, data / f"s{k}.pt", "pt")
+    shards = S.find_shards([data])
+    config = RunConfig("tests.rowfns:exits_politely", columns=("x",), executor="serial")
+    with pytest.raises(SystemExit):
+        run_shards_on_worker([ShardTask(f, out, config) for f in shards])
+    assert not temps(out) and not list(out.glob("*.pt"))  # s0 and s1 were written
+    writes: list[str] = []
+
+    def full(tensors, f):
+        writes.append("write")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setitem(W._WRITERS, "pt", full)
+    outcomes = run_shards_on_worker([ShardTask(f, out, config) for f in shards])
+    errors = [type(call_error(o)) for o in outcomes]
+    assert errors == [OutOfSpace, Cancelled, Cancelled] and writes == ["write"]
+    assert not temps(out)

@@ -146,7 +146,7 @@ def run_shards(
     except BaseException as exc:  # Ctrl-C, SIGTERM, or the manifest's disk failing
         with shielded():
             driver.commit_held()  # what landed is done: its outputs are in place
-            _abandon(backend, exc, len(todo), folder, summary)
+            _abandon(backend, exc, len(todo) + len(driver.alone), folder, summary)
         raise
     else:
         backend.close()

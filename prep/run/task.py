@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .._version import __version__
 from ..core.rows import rows_of
-from ..errors import Cancelled, NoRows, RowError, ShardError
+from ..errors import Cancelled, ConfigError, NoRows, OutOfSpace, RowError, ShardError
 from ..executors import call_failure, traits_of
 from ..pool import SHARED, Pool
 from ..registry import in_caller
@@ -239,15 +239,21 @@ def run_shards_on_worker(tasks: list[ShardTask]) -> list[Any]:
     def seal(file: Unsealed) -> None:
         sealing.append((len(outcomes), file))
 
-    for task in tasks:
-        try:
-            if _HALT[0]:
-                raise Cancelled(f"{task.source.path}: not started, the run stopped")
-            pool = _worker_pool(task.config)
-            later = seal if len(tasks) > 1 else None
-            outcomes.append(run_shard(task, pool, None, temps, None, checked, later))
-        except Exception as exc:  # the shard's own error; the others still run
-            outcomes.append(call_failure(exc))
+    stop = False  # a full disk, or a setting no shard can run with: the rest not started
+    try:
+        for task in tasks:
+            try:
+                if _HALT[0] or stop:
+                    raise Cancelled(f"{task.source.path}: not started, the run stopped")
+                pool = _worker_pool(task.config)
+                later = seal if len(tasks) > 1 else None
+                outcomes.append(run_shard(task, pool, None, temps, None, checked, later))
+            except Exception as exc:  # the shard's own error; the others still run
+                outcomes.append(call_failure(exc))
+                stop |= isinstance(exc, (OutOfSpace, ConfigError))
+    except BaseException:  # SystemExit in a row: the call fails whole, its files go
+        temps.abandon()
+        raise
     # the call's outputs fsynced together, then renamed, before the call returns
     errors = seal_files([file for _, file in sealing])
     for (i, _), error in zip(sealing, errors):
