@@ -535,6 +535,32 @@ NOTEBOOK_CELLS = [
             outs = list(pool.imap(gil_bound, [x[:8], x[8:16]], strategy=strategy))
             assert torch.equal(torch.cat(outs), want[:16]), f"imap {strategy} differs"
     """,
+    """
+    class Squares:  # a map-style dataset of the notebook's own (``__main__``)
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):
+            return torch.full((3,), float(i * i))
+
+    def plus_one(sample):
+        return sample + 1
+
+    ds = Squares()
+    expected = [torch.stack([plus_one(ds[i]) for i in range(s, min(s + 4, 10))]) for s in (0, 4, 8)]
+    loader = prep.Loader(ds, plus_one, batch_size=4, executor="processes", workers=2)
+    got = list(loader)
+    assert len(got) == 3 and all(torch.equal(g, w) for g, w in zip(got, expected)), got
+    epoch = iter(loader)  # mid-epoch: its state resumes after the batch the loop saw
+    assert torch.equal(next(epoch), expected[0])
+    state = loader.state_dict()
+    epoch.close()
+    again = prep.Loader(ds, plus_one, batch_size=4, executor="processes", workers=2)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert len(rest) == 2 and all(torch.equal(g, w) for g, w in zip(rest, expected[1:])), rest
+    print("LOADER OK")
+    """,
     AUTO_UNTIL_PROCESSES_SOURCE,
     """
     explanation = auto_until_processes(gil_bound, x, want)
@@ -595,7 +621,7 @@ def test_jupyter_kernel_runs_cell_functions_on_processes_joblib_and_auto(tmp_pat
     text = _outputs(nb)
     if failure:  # outside the except: the kernel's traceback once, not twice
         pytest.fail(f"{failure}\n\n{text}")
-    assert "NOTEBOOK OK" in text, text
+    assert "NOTEBOOK OK" in text and "LOADER OK" in text, text
 
 
 def _outputs(nb) -> str:
