@@ -5,6 +5,7 @@ batch sends its indices alone), and :class:`Keyed`, its form under ``seed=``."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import pickle
 import tempfile
@@ -20,7 +21,7 @@ from .core.seeding import Seeding
 from .errors import ConfigError
 from .executors import pickle_fn
 
-__all__ = ["Fetch", "Keyed"]
+__all__ = ["Fetch", "Keyed", "forget_files"]
 
 
 class Fetch:
@@ -45,6 +46,7 @@ class Fetch:
         with self._lock:
             if self._file is None:
                 self._file, self._writer = _write(self), os.getpid()
+                _WRITTEN.add(self)
         return (_read, self._file)
 
     def forget(self) -> None:
@@ -68,6 +70,17 @@ class Keyed(Fetch):
         return self.row_fn(self.dataset[index], **given, **seeds.row(index))
 
 
+#: the Fetches whose file is written, for :func:`forget_files`
+_WRITTEN: weakref.WeakSet[Fetch] = weakref.WeakSet()
+
+
+def forget_files() -> None:
+    """Remove every file written for workers so far (``prep.shutdown()``: the workers
+    that read them are gone; a Loader that runs again writes its file anew)."""
+    for fetch in list(_WRITTEN):
+        fetch.forget()
+
+
 #: worker side: the Fetch of each file read, the latest kept (an engine that does not
 #: keep functions, joblib's, unpickles the small handle every batch)
 _READ: dict[str, Fetch] = {}
@@ -88,11 +101,28 @@ def _write(fetch: Fetch) -> tuple[str, str]:
             f"pickled ({exc.__cause__!r:.200}); make them picklable (open files and handles "
             f"in __getitem__, or in setup=), or use executor='threads'"
         ) from exc.__cause__
-    fd, path = tempfile.mkstemp(prefix="prep-loader-", suffix=".pkl")
+    _remove_stale()
+    fd, path = tempfile.mkstemp(prefix=f"prep-loader-{os.getpid()}-", suffix=".pkl")
     with os.fdopen(fd, "wb") as f:
         f.write(blob)
     weakref.finalize(fetch, _remove, path, os.getpid())  # at exit, if not before
     return path, uuid.uuid4().hex
+
+
+def _remove_stale() -> None:
+    """Remove the files of writers that are gone: a process killed before its exit (a
+    Jupyter kernel ended while it held a forkserver) cannot remove its own."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "prep-loader-*-*.pkl")):
+        pid = os.path.basename(path).split("-")[2]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # gone (a live one, or another user's, is left alone)
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        except (PermissionError, OverflowError):
+            continue
 
 
 def _remove(path: str, pid: int) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._explanation import Explanation
+from ._fetch import forget_files
 from .auto import Calibrator, Sample, left_out
 from .core.checks import check_fn
 from .core.options import CallOptions, Options
@@ -34,8 +35,11 @@ __all__ = ["AUTO", "explain", "in_worker_process", "map_rows", "map_samples", "s
 
 def shutdown() -> None:
     """Close the warm pools that ``map_rows`` keeps between calls (also run at exit),
-    and the per-worker states their ``setup=`` made."""
+    and the per-worker states their ``setup=`` made; remove the files a
+    :class:`~prep.Loader`'s worker processes read its dataset from (written anew if it
+    runs again)."""
     SHARED.close()
+    forget_files()
 
 
 def map_rows(

@@ -598,6 +598,9 @@ def test_jupyter_kernel_runs_cell_functions_on_processes_joblib_and_auto(tmp_pat
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
+    temp = tmp_path / "tmp"  # the kernel's temporary files: none may be left behind
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     work = tmp_path / "notebook"
     work.mkdir()
 
@@ -622,6 +625,8 @@ def test_jupyter_kernel_runs_cell_functions_on_processes_joblib_and_auto(tmp_pat
     if failure:  # outside the except: the kernel's traceback once, not twice
         pytest.fail(f"{failure}\n\n{text}")
     assert "NOTEBOOK OK" in text and "LOADER OK" in text, text
+    # prep.shutdown() in the last cell removed the Loaders' dataset files
+    assert not list(temp.glob("prep-loader-*")), sorted(p.name for p in temp.iterdir())
 
 
 def _outputs(nb) -> str:

@@ -393,3 +393,40 @@ def test_the_loaders_stats_are_its_latest_epochs_and_name_what_bounds_the_loop()
     assert loader.stats().batches == 3  # kept once the epoch is gone
     assert "bound" in str(loader.stats())  # the verdict in one sentence
     assert sum(1 for _ in loader) == 3 and loader.stats().batches == 3  # the next epoch's
+
+
+LEFT_BY_THE_DEAD = """
+import glob, os, sys
+import torch, prep
+from tests.test_loader import Numbers
+
+loader = prep.Loader(Numbers(8), torch.neg, batch_size=4, executor="processes", workers=2)
+got = torch.cat(list(loader))
+assert torch.equal(got, -torch.stack([Numbers(8)[i] for i in range(8)])), got
+print("DURING", sorted(os.path.basename(p) for p in glob.glob(sys.argv[1] + "/prep-loader-*")))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_file_left_by_a_killed_process_is_removed_by_the_next_one(tmp_path):
+    """A process killed before its exit (a Jupyter kernel ended while prep's forkserver
+    ran) leaves the file its workers read the dataset from; the next Loader that writes
+    one removes the files of writers that are gone, never those of a live process."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stale = tmp_path / f"prep-loader-{int(gone.stdout)}-abcd1234.pkl"
+    live = tmp_path / f"prep-loader-{os.getpid()}-efgh5678.pkl"  # this test's own process
+    stale.write_bytes(b"left")
+    live.write_bytes(b"in use")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", LEFT_BY_THE_DEAD, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=100)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    during = done.stdout.split("DURING ", 1)[1].splitlines()[0]
+    assert stale.name not in during and live.name in during, during
+    assert during.count("prep-loader-") == 2, during  # the live one, and the run's own
+    # at its exit the run removed its own; the stale one is gone, the live one kept
+    assert sorted(p.name for p in tmp_path.glob("prep-loader-*")) == [live.name]
