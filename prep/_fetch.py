@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._kept import keep_newest
+from ._writers import writer_alive
 from .core.checks import describe_callable
 from .core.seeding import Seeding
 from .errors import ConfigError
@@ -110,19 +111,13 @@ def _write(fetch: Fetch) -> tuple[str, str]:
 
 
 def _remove_stale() -> None:
-    """Remove the files of writers that are gone: a process killed before its exit (a
-    Jupyter kernel ended while it held a forkserver) cannot remove its own."""
+    """Remove the files of writers that are gone (:func:`prep._writers.writer_alive`):
+    a process ended before its exit handlers ran cannot remove its own."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), "prep-loader-*-*.pkl")):
         pid = os.path.basename(path).split("-")[2]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # gone (a live one, or another user's, is left alone)
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # removed meanwhile, or not ours to remove
+            if pid.isdigit() and not writer_alive(int(pid), os.path.getmtime(path)):
                 os.remove(path)
-        except (PermissionError, OverflowError):
-            continue
 
 
 def _remove(path: str, pid: int) -> None:

@@ -239,6 +239,7 @@ def run_shards_on_worker(tasks: list[ShardTask]) -> list[Any]:
     def seal(file: Unsealed) -> None:
         sealing.append((len(outcomes), file))
 
+    later = seal if len(tasks) > 1 else None  # one shard alone seals its own at once
     stop = False  # a full disk, or a setting no shard can run with: the rest not started
     try:
         for task in tasks:
@@ -246,7 +247,6 @@ def run_shards_on_worker(tasks: list[ShardTask]) -> list[Any]:
                 if _HALT[0] or stop:
                     raise Cancelled(f"{task.source.path}: not started, the run stopped")
                 pool = _worker_pool(task.config)
-                later = seal if len(tasks) > 1 else None
                 outcomes.append(run_shard(task, pool, None, temps, None, checked, later))
             except Exception as exc:  # the shard's own error; the others still run
                 outcomes.append(call_failure(exc))

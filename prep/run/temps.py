@@ -14,6 +14,7 @@ import secrets
 import threading
 from pathlib import Path
 
+from .._writers import writer_alive
 from ..errors import Cancelled
 
 __all__ = ["Temps", "remove_stale_temps"]
@@ -81,41 +82,7 @@ def remove_stale_temps(folder: Path) -> list[Path]:
             mtime = p.stat().st_mtime
         except FileNotFoundError:  # renamed into place meanwhile
             continue
-        if not _writer_alive(int(match[1]), mtime):
+        if not writer_alive(int(match[1]), mtime):
             p.unlink(missing_ok=True)
             stale.append(p)
     return stale
-
-
-def _writer_alive(pid: int, mtime: float) -> bool:
-    """Whether process ``pid`` may still be writing a file last written at ``mtime``."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        pass
-    except OverflowError:  # no such PID can exist
-        return False
-    started = _started(pid)
-    # slack: the boot time is whole seconds and the wall clock may have been adjusted;
-    # misjudging a stale file as live only leaves it, the other way would break a run
-    return started is None or started <= mtime + 60.0
-
-
-def _started(pid: int) -> float | None:
-    """When process ``pid`` started (epoch seconds); +inf for a zombie; None if unknown.
-
-    From ``/proc`` (Linux): a zombie never writes again, and a process started
-    after the file's last write did not write it.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-    except (OSError, IndexError, ValueError, StopIteration):
-        return None
-    if fields[0] == "Z":
-        return float("inf")
-    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
