@@ -29,13 +29,12 @@ from .._warn import warn
 from ..core.output import Output
 from ..errors import ExecutorUnavailable
 from ..executors import REGISTRY, Executor, Job, Traits, in_worker_process, traits_of
-from ._batched import batched_form
 from ._decisions import Decisions
 from ._memory import Memory
 from ._sample import Sample, now, on_cuda, run_tolerant
 from ._starter import Starter
 from .calibration import Calibration, signature
-from .calibrator import Calibrator
+from .calibrator import Calibrator, batched_form
 from .models import left_out
 
 __all__ = ["AutoExecutor"]
