@@ -22,7 +22,8 @@ __all__ = ["Delivery"]
 
 
 class Delivery:
-    """``done``, ``wait``, ``result`` and ``cancel`` of one batch in a stream."""
+    """``wait``, ``result`` and ``cancel`` of one batch in a stream (``wait(0)``: whether
+    it is done)."""
 
     def __init__(
         self,
@@ -31,7 +32,6 @@ class Delivery:
         taken: Callable[[list[Ticket], float], None] | None = None,
     ) -> None:
         self.tickets, self._finish, self._taken = tickets, finish, taken
-        self.error: BaseException | None = None  # a batch that failed before any ticket
         self.ran_for: float | None = None  # seconds it ran in the submitting thread, if it did
 
     @classmethod
@@ -54,12 +54,7 @@ class Delivery:
         def throw(tickets: list[Ticket]) -> Any:
             raise error
 
-        delivery = cls([], throw)
-        delivery.error = error
-        return delivery
-
-    def done(self) -> bool:
-        return all(t.done() for t in self.tickets)
+        return cls([], throw)
 
     def wait(self, timeout: float | None = None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -119,11 +118,10 @@ class Submitter:
                 return Delivery.failed(exc)
         strategy = self.plan.next(ready)
         if strategy == "split" and not self.parts:
-            t = time.perf_counter()
             ran = Delivery.ran(self.work.split, batch)
-            if ran.error is None and self.plan.timed:
+            if ran.ran_for is not None and self.plan.timed:  # ran, and did not fail
                 n = len(batch) if self.work.samples else len(rows_of(batch))
-                self.plan.split_ran(n, time.perf_counter() - t)
+                self.plan.split_ran(n, ran.ran_for)
             return ran
         try:
             rows = self.work.rows(batch)
