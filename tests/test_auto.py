@@ -229,9 +229,9 @@ def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_no
     import prep.auto
 
     # whether vmap beats serial by more than the cores is the machine's call: say it did not
-    from prep.auto._batched import BatchedForms
+    from prep.auto.calibrator import Calibrator
 
-    monkeypatch.setattr(BatchedForms, "won_outright", lambda self, per_row=None: False)
+    monkeypatch.setattr(Calibrator, "_won_outright", lambda self, per_row=None: False)
     x = torch.randn(32, 256, 1024)
     with prep.Pool("auto", workers=2) as pool:
         assert torch.equal(pool.map_rows(big_sin, x), torch.sin(x))
@@ -248,9 +248,9 @@ def test_vmap_runs_the_first_batch_and_the_pools_are_measured_next_if_it_does_no
 def test_rows_that_are_nan_under_serial_agree_with_vmap_at_every_check(monkeypatch):
     # one rule for "the same": NaN where serial has NaN agrees, on the first batch's check
     # (vmap_first) and on the later ones (vmap_agrees) alike
-    from prep.auto._batched import BatchedForms
+    from prep.auto.calibrator import Calibrator
 
-    monkeypatch.setattr(BatchedForms, "won_outright", lambda self, per_row=None: False)
+    monkeypatch.setattr(Calibrator, "_won_outright", lambda self, per_row=None: False)
     x = torch.randn(32, 256, 1024)
     x[::3, 0, :5] = math.nan  # NaN in the rows serial measures first, too
     want = torch.sin(x)

@@ -5,12 +5,10 @@ the models need not import the sample and the figures, which name the models."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import ClassVar, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import ClassVar, Protocol
 
 from ..executors import Executor, Job
-
-T = TypeVar("T")
 
 
 class Measured(Protocol):
@@ -43,10 +41,8 @@ class Measured(Protocol):
 class RowCursor(Protocol):
     """A job and how many of its rows, from its start, are in its output so far."""
 
+    job: Job
     done: int
-
-    @property
-    def job(self) -> Job: ...
 
     @property
     def left(self) -> int: ...
@@ -61,31 +57,22 @@ class Sampling(Protocol):
     :meth:`CostModel.first_batch` and :meth:`CostModel.still_agrees`): every row they
     run goes into the output (``main``), so no row of the batch runs twice."""
 
-    @property
-    def job(self) -> Job: ...
+    job: Job
+    n: int
+    #: cores the workers may use: ``min(workers, available_cores())``
+    cores: int
+    #: executors auto may not weigh in this process, each with why (``models.left_out``)
+    left_out: Mapping[str, str]
+    #: seconds a row of the fastest serial block so far
+    best_serial: float
 
     @property
     def main(self) -> RowCursor:
         """The rows of the job already in its output: a step runs the next ones."""
 
     @property
-    def n(self) -> int: ...
-
-    @property
-    def cores(self) -> int:
-        """Cores the workers may use: ``min(workers, available_cores())``."""
-
-    @property
-    def left_out(self) -> Mapping[str, str]:
-        """Executors auto may not weigh in this process, each with why (``models.left_out``)."""
-
-    @property
     def cal(self) -> Measured:
         """The figures being filled."""
-
-    @property
-    def best_serial(self) -> float:
-        """Seconds a row of the fastest serial block so far."""
 
     def now(self) -> float:
         """The time, once a GPU batch's queued kernels have run."""
@@ -164,26 +151,11 @@ class CostModel:
         return None
 
     @classmethod
-    def dispatch_cost(cls, ex: Executor) -> float:
-        """Seconds a batch costs a started ``ex`` beyond its rows."""
-        return 0.0
-
-    @classmethod
-    def unsuitable(cls, ex: Executor, job: Job, nbytes: int) -> str | None:
-        """Why ``ex`` cannot run ``job`` here (rows and results of ``nbytes``); None if it can."""
-        return None
-
-    @classmethod
     def prepare(cls, ex: Executor, job: Job) -> float:
         """Make ``ex`` ready to run ``job``'s function (workers started and the function
         loaded, or compiled on a few of its rows), within the job's deadline; the
         seconds. :class:`~prep.errors.ExecutorUnavailable` where it cannot."""
         return 0.0
-
-    @classmethod
-    def as_worker(cls, ex: Executor, fn: Callable[[], T]) -> T:
-        """``fn()`` as one of ``ex``'s workers runs a row (torch on its share of threads)."""
-        return fn()
 
 
 __all__ = ["CostModel", "Measured", "RowCursor", "Sampling"]

@@ -105,7 +105,7 @@ class Decisions:
         before = cal.choice
         cal.choice = self.best()
         if cal.choice != before:
-            cal.events.note(
+            cal.events.append(
                 f"batch {cal.batches}: {before} -> {cal.choice} (measured "
                 f"{cal.figure(cal.choice) * 1e3:,.1f} ms a batch against "
                 f"{cal.figure(before) * 1e3:,.1f} ms)"
@@ -176,7 +176,7 @@ class Decisions:
         self.warming.add(name)
         before = cal.choice
         cal.choice = self.best()
-        cal.events.note(
+        cal.events.append(
             f"batch {cal.batches + 1}: {name} started in {seconds * 1e3:,.0f} ms "
             f"(measured), as the {cal.saved.get(name, 0.0) * 1e3:,.0f} ms they would have "
             f"saved paid for it" + (f"; {before} -> {cal.choice}" if cal.choice != before else "")

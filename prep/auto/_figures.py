@@ -1,6 +1,6 @@
 """What ``auto`` knows about one signature: the figures measured on its first batch,
 the batches observed since, and what they cost (:class:`Figures`), with the log
-of what happened to them (:class:`EventLog`). The decisions taken from them are
+of what happened to them (its ``events``). The decisions taken from them are
 :class:`~prep.auto._decisions.Decisions`'; the report a user reads is
 :class:`~prep.auto.Calibration`.
 
@@ -11,7 +11,7 @@ model's word (:func:`.models.model`): no executor is named here."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,31 +24,6 @@ POOL_MARGIN = 1.15
 KEEP = 8
 #: events kept for ``explain``
 EVENTS = 8
-
-
-class EventLog:
-    """Switches, trials, fallbacks and pool starts, in order: the last ``EVENTS``."""
-
-    def __init__(self) -> None:
-        self._events: list[str] = []
-
-    def note(self, event: str) -> None:
-        self._events.append(event)
-        del self._events[:-EVENTS]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._events)
-
-    def __len__(self) -> int:
-        return len(self._events)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EventLog) and self._events == other._events
-
-    __hash__ = None  # type: ignore[assignment]  # mutable: equal by value, as a list
-
-    def __repr__(self) -> str:
-        return f"EventLog({self._events!r})"
 
 
 @dataclass
@@ -90,8 +65,9 @@ class Figures:
     #: batches run so far, per executor
     saved: dict[str, float] = field(default_factory=dict)
     batches: int = 0
-    #: switches, trials, fallbacks and pool starts, in order, for ``explain``
-    events: EventLog = field(default_factory=EventLog)
+    #: switches, trials, fallbacks and pool starts, in order, for ``explain``: the last
+    #: ``EVENTS`` of them
+    events: deque[str] = field(default_factory=lambda: deque(maxlen=EVENTS))
     #: False: a batched form ran the first batch without winning outright; the next
     #: batch measures the pools against it
     settled: bool = True
@@ -173,4 +149,4 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-__all__ = ["EVENTS", "KEEP", "POOL_MARGIN", "EventLog", "Figures"]
+__all__ = ["EVENTS", "KEEP", "POOL_MARGIN", "Figures"]

@@ -71,8 +71,7 @@ class VectorizedModel(CostModel):
             cal.dropped[cls.name] = f"it failed on this batch ({why(exc)})"
             return False  # rows run one by one, so a failing row fails alone
         took = s.now() - t
-        twin = twin_of(job.fn)
-        atol = twin.twin.atol if twin else 0.0
+        atol = atol_of(job.fn)  # the twin's (one @prep.rowwise sets both)
         row = first_difference(out, timed.job.sink.output, timed.done, atol)
         if row is not None:  # serial is the reference: the rows run one by one instead
             cal.dropped[cls.name] = (

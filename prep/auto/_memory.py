@@ -54,7 +54,7 @@ class Memory:
             if busy:
                 if not d.busy_noted:
                     d.busy_noted = True
-                    cal.events.note(f"batch {cal.batches}: not remembered for later runs: {busy}")
+                    cal.events.append(f"batch {cal.batches}: not remembered for later runs: {busy}")
                 return
             entry = cal.to_wisdom()
         wisdom.remember_later(d.wisdom_key, entry)

@@ -63,9 +63,6 @@ class Cursor:
     job: Job
     done: int = 0
 
-    def __post_init__(self) -> None:
-        self.done = max(self.done, self.job.start)
-
     @property
     def left(self) -> int:
         return len(self.job.rows) - self.done
@@ -91,7 +88,7 @@ class Sample:
         prior: Calibration | None = None,
     ) -> None:
         self.job = job
-        self.main = Cursor(job)
+        self.main = Cursor(job, job.start)
         self._get = get
         self.n = len(job.rows)
         self.cal = Calibration(rows=self.n, workers=workers, options=job.policy.describe())

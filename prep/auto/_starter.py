@@ -69,7 +69,7 @@ class Starter:
                 d.plan_warm_up(name, (cost.warm_up_cost() or SERVER_PRIOR) + setup, rows)
                 and cost.warm_up()
             ):
-                cal.events.note(
+                cal.events.append(
                     f"batch {cal.batches + 1}: prep's forkserver starting in the background "
                     f"({name} would save {cal.would_save(name, cal.rows) * 1e3:,.1f} ms "
                     f"a batch); {name} are weighed once it is up"
@@ -123,7 +123,7 @@ class Starter:
                 return None
             if not probe.deterministic():
                 with self._lock:
-                    cal.events.note(
+                    cal.events.append(
                         f"batch {cal.batches + 1}: the function gives other values each time "
                         f"here (random augmentation, say), so its rows in the workers were "
                         f"not compared with serial's"

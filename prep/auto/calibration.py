@@ -15,7 +15,7 @@ from typing import Any
 
 from ..core.identity import key
 from ..core.rows import Rows
-from ._explain import CalibrationText
+from ._explain import render
 from ._figures import Figures
 
 
@@ -25,7 +25,7 @@ class Calibration(Figures):
     shows why in a few lines. :class:`~prep.auto._decisions.Decisions` moves it."""
 
     def __str__(self) -> str:
-        return str(CalibrationText(self))
+        return render(self)
 
 
 # ---------------------------------------------------------------- signature

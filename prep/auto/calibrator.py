@@ -37,8 +37,8 @@ vmap try costs those few rows once more):
    Left out inside DataLoader workers, on one core, for functions that cannot
    be pickled, for CUDA batches, and for less than 10 ms of work.
 
-The sample and serial's timing are in :mod:`._sample`, what follows a batched
-form's run in :mod:`._batched`; the steps 2-4 are each executor's own, beside it
+The sample and serial's timing are in :mod:`._sample`; the steps 2-4 are each
+executor's own, beside it
 (``CostModel.first_batch`` and ``still_agrees`` for a batched form,
 ``CostModel.measure`` for the rest), so this module runs them in order, over the
 registry, and names none. What a whole batch would take is each executor's own
@@ -50,8 +50,10 @@ every batch it runs and lets the measured figures decide.
 
 from __future__ import annotations
 
-from ..executors import REGISTRY
-from ._batched import BatchedForms, batched_form
+import math
+
+from ..executors import REGISTRY, Job
+from ._cost import CostModel
 from ._decisions import Decisions
 from ._forms import SEEDED
 from ._sample import Sample
@@ -61,6 +63,20 @@ from .models import BATCHED, POOLS, model
 #: seconds of serial work for a whole batch below which no pool is measured: a thread
 #: pool's dispatch costs a few tenths of a millisecond
 MIN_POOL_WORK = 2e-3
+
+
+def batched_form(job: Job) -> type[CostModel] | None:
+    """The batched form auto tries on ``job``: the first of the registry's batched
+    forms not ruled out for it (a twin the user wrote comes before vmap). Which form
+    a job has, how it is tried on a first batch and checked on a later one, is the
+    form's own (its cost model's ``ruled_out``, ``first_batch``, ``still_agrees``, in
+    :mod:`.models`): nothing here knows a form by its name."""
+    forms = (
+        model(name)
+        for name, kind in REGISTRY.items()
+        if not kind.traits.per_row and model(name).ruled_out(job) is None
+    )
+    return next(forms, None)
 
 
 class Calibrator:
@@ -76,7 +92,6 @@ class Calibrator:
 
     def __init__(self, sample: Sample) -> None:
         self.sample = sample
-        self.batched = BatchedForms(self.sample)
         self.cal = self.sample.cal
         self.decisions = Decisions(self.cal)
 
@@ -85,33 +100,65 @@ class Calibrator:
         return self.sample.main.done
 
     def run(self) -> Calibration:
-        s, cal, forms = self.sample, self.cal, self.batched
+        s, cal = self.sample, self.cal
         t0 = s.now()
         tensors = s.job.rows.batched and self._batched_forms_allowed()
         form = batched_form(s.job) if tensors else None
         if s.prior is None and form is not None and form.first_batch(s):
             # first batch: a batched form made the whole output in one call
-            if not forms.won_outright() and not self._too_light_for_pools():
+            if not self._won_outright() and not self._too_light_for_pools():
                 cal.settled = False
                 cal.drop(POOLS, f"measured on the next batch, with {form.name}")
             return self._finish(t0)
         # no batched form, or the batch after one that did not win outright (whose
         # figure it kept): a form that failed or gave other rows is not used again
-        batched = form if form and forms.prior_row(form.name) is not None else None
+        batched = form if form and self._prior_row(form.name) is not None else None
         s.serial(budget_rows=max(4, min(32, s.n // 8)))
         if not s.job.rows.batched:
             cal.dropped["vectorized"] = "a list of samples has no batched form"
         elif batched is not None and not batched.still_agrees(s):
             batched = None
-        if batched and forms.won_outright(forms.prior_row(batched.name)):
-            forms.run_rest(batched.name)
+        if batched and self._won_outright(self._prior_row(batched.name)):
+            self._run_rest(batched.name)
             return self._finish(t0)
         if not self._too_light_for_pools():
             for name in REGISTRY:  # each measures itself (the pools do)
                 model(name).measure(s)
         if batched and s.main.left:
-            forms.run_rest(batched.name)
+            self._run_rest(batched.name)
         return self._finish(t0)
+
+    def _run_rest(self, name: str) -> None:
+        """The batched form on all rows left, in one call: seconds per row (its fixed
+        cost per call spread over them; the lower of this batch's and the one before)."""
+        s = self.sample
+        left, t = s.main.left, s.now()
+        if left:
+            s.main.run(s.executor(name), s.n)
+        per_row = (s.now() - t) / left if left else math.inf
+        per_row = min(per_row, self._prior_row(name) or math.inf)
+        if per_row < math.inf:
+            self.cal.batched_rows[name] = per_row
+        else:
+            self.cal.batched_rows.pop(name, None)
+
+    def _prior_row(self, name: str) -> float | None:
+        """The batch before's figure of a batched form (seconds a row), if any."""
+        prior = self.sample.prior
+        return prior.batched_rows.get(name) if prior else None
+
+    def _won_outright(self, per_row: float | None = None) -> bool:
+        """Whether a batched form beats serial by more than the cores could: no pool
+        divides serial time by more than its cores, so the pools need no measuring."""
+        cal, cores = self.cal, self.sample.cores
+        best = per_row or min([x for x in cal.batched_rows.values() if x] + [math.inf])
+        if best * cores >= cal.serial_row:
+            return False
+        cal.drop(
+            POOLS,
+            f"a batched form is over {cores}x faster than serial, more than {cores} cores give",
+        )
+        return True
 
     def _batched_forms_allowed(self) -> bool:
         if self.sample.job.rows.seeds is not None:
@@ -149,4 +196,4 @@ class Calibrator:
         return cal
 
 
-__all__ = ["MIN_POOL_WORK", "Calibrator"]
+__all__ = ["MIN_POOL_WORK", "Calibrator", "batched_form"]

@@ -24,17 +24,17 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._kept import keep_newest
 from .._warn import warn
 from ..core.output import Output
 from ..errors import ExecutorUnavailable
 from ..executors import REGISTRY, Executor, Job, Traits, in_worker_process, traits_of
-from ._batched import batched_form
 from ._decisions import Decisions
 from ._memory import Memory
 from ._sample import Sample, now, on_cuda, run_tolerant
 from ._starter import Starter
 from .calibration import Calibration, signature
-from .calibrator import Calibrator
+from .calibrator import Calibrator, batched_form
 from .models import left_out
 
 __all__ = ["AutoExecutor"]
@@ -103,10 +103,7 @@ class AutoExecutor(Executor):
         with self._lock:
             _, kept = self._choices.get(key, (None, []))
             kept = [c for c in kept if c is not old][-(SIZES - 1) :] + [new]
-            self._choices.pop(key, None)  # re-inserted last: the newest
-            self._choices[key] = (fn, kept)
-            while len(self._choices) > SIGNATURES:
-                del self._choices[next(iter(self._choices))]
+            keep_newest(self._choices, key, (fn, kept), SIGNATURES)
 
     def choices(self) -> dict[Any, Calibration]:
         """The latest choice of each signature."""
@@ -186,7 +183,9 @@ class AutoExecutor(Executor):
         if check and (reason := self._starter.verify(d, name, job, probe)):
             with self._lock:  # serial is the reference: these rows run again, here
                 d.drop(name, reason)
-                cal.events.note(f"batch {cal.batches + 1}: {name} dropped: {reason.split('.')[0]}")
+                cal.events.append(
+                    f"batch {cal.batches + 1}: {name} dropped: {reason.split('.')[0]}"
+                )
             job.sink.failures.forget(start)
             return self._run(d, cal.choice, job, observe=observe)
         with self._lock:
@@ -201,7 +200,9 @@ class AutoExecutor(Executor):
         cal, reason = d.cal, str(exc).split(";")[0]
         with self._lock:
             d.drop(name, f"it failed here: {reason}")
-            cal.events.note(f"batch {cal.batches + 1}: {name} failed, so {cal.choice} runs instead")
+            cal.events.append(
+                f"batch {cal.batches + 1}: {name} failed, so {cal.choice} runs instead"
+            )
             first = name not in self._warned
             self._warned.add(name)
         if first:

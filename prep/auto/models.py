@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -38,9 +38,8 @@ from ..executors import (
     traits_of,
     warm_up,
 )
-from ._cost import CostModel, Measured, Sampling, T
+from ._cost import CostModel, Measured, Sampling
 from ._forms import CompiledModel, VectorizedModel, VmapModel
-from ._prediction import Prediction
 
 #: seconds handing a batch's parts to the threads and back adds, as auto counts it
 HAND_OVER = 2e-4
@@ -48,6 +47,12 @@ HAND_OVER = 2e-4
 SHM_BYTES_PER_SECOND = 4e9
 #: seconds a worker may take to load the row function (importing its modules)
 LOAD_TIMEOUT = 120.0
+#: seconds of serial work below which auto does not even consider worker processes
+MIN_PROCESS_WORK = 0.01
+#: dispatch cost auto assumes for a pool not yet started (a warm one is measured)
+COLD_DISPATCH = 0.005
+
+T = TypeVar("T")
 
 
 class SerialModel(CostModel):
@@ -108,8 +113,8 @@ class ThreadsModel(CostModel):
 
 
 class ProcessesModel(CostModel):
-    """Predicted, never started just to be measured (:class:`._prediction.Prediction`):
-    auto starts the pool once that pays (rent or buy)."""
+    """Predicted, never started just to be measured (:class:`Prediction`): auto starts
+    the pool once that pays (rent or buy)."""
 
     name = "processes"
     pooled = True
@@ -155,6 +160,7 @@ class ProcessesModel(CostModel):
 
     @classmethod
     def unsuitable(cls, ex: Executor, job: Job, nbytes: int) -> str | None:
+        """Why ``ex`` cannot run ``job`` here (rows and results of ``nbytes``); None if it can."""
         if job.rows.device.type != "cpu":
             return "the batch is on a GPU"
         try:
@@ -170,8 +176,8 @@ class ProcessesModel(CostModel):
 
     @classmethod
     def dispatch_cost(cls, ex: Executor) -> float:
-        """Measured on a no-op row function: the faster of two tries (the first may wait
-        for workers still starting)."""
+        """Seconds a batch costs a started ``ex`` beyond its rows, measured on a no-op row
+        function: the faster of two tries (the first may wait for workers still starting)."""
         probe = TensorRows((torch.zeros(ex.workers * 2, 1),))
         best = math.inf
         for _ in range(2):
@@ -201,6 +207,7 @@ class ProcessesModel(CostModel):
 
     @classmethod
     def as_worker(cls, ex: Executor, fn: Callable[[], T]) -> T:
+        """``fn()`` as one of ``ex``'s workers runs a row (torch on its share of threads)."""
         # in a thread of its own: torch's setting is per thread, and the caller's stays
         return on_intra_op_threads(fn, threads_per_worker(ex.workers))
 
@@ -219,6 +226,87 @@ def _load_error(exc: Exception, fn: Any, limit: float) -> FunctionLoadError:
         f"a worker died while it loaded the row function {describe_fn(fn)} ({exc}); "
         f"or use executor='threads'"
     )
+
+
+class Prediction:
+    """A started pool's batch predicted on auto's sample, or why processes are left out:
+    serial's time shared by the workers (serial is timed again with torch on as many
+    intra-op threads as each worker gets: when torch's own threads already spread a
+    row over the cores, there is less left to divide), the warm pool's dispatch
+    (measured once a pool runs, else ``COLD_DISPATCH``), and the copy of the batch
+    and result through shared memory. What starting it costs is measured here too,
+    for auto's rent or buy."""
+
+    def __init__(self, sample: Sampling, kind: type[ProcessesModel]) -> None:
+        self.s, self.cal, self.name, self.kind = sample, sample.cal, kind.name, kind
+
+    def run(self) -> None:
+        s, cal = self.s, self.cal
+        if (reason := self._left_out()) is not None:
+            cal.dropped[self.name] = reason
+            return
+        ex = s.executor(self.name)
+        cal.bytes_per_row = self._bytes_per_row()
+        if (reason := self.kind.unsuitable(ex, s.job, cal.bytes_per_row * s.n)) is not None:
+            cal.dropped[self.name] = reason
+            return
+        self._one_thread(ex)
+        start = self.kind.start_cost(ex)
+        if start is None:
+            cal.start.pop(self.name, None)
+        else:
+            cal.start[self.name] = start
+        if start == 0:  # a warm pool: measure what a batch costs it
+            cal.dispatch[self.name] = self.kind.dispatch_cost(ex)
+            cal.dispatch_measured = True
+        else:  # do not start a pool just to measure it: auto starts it when it pays
+            cal.dispatch[self.name] = COLD_DISPATCH
+
+    def _left_out(self) -> str | None:
+        s, cal = self.s, self.cal
+        if (reason := s.left_out.get(self.name) or self.kind.ruled_out(s.job)) is not None:
+            return reason
+        if s.cores < 2:
+            return "one core or one worker"
+        if s.main.left * cal.serial_row < MIN_PROCESS_WORK:
+            return (
+                f"the rest of the batch takes {s.main.left * cal.serial_row * 1e3:.1f} ms "
+                f"serially; worker processes cannot pay off"
+            )
+        return None
+
+    def _bytes_per_row(self) -> int:
+        """What one row costs to send through shared memory: its columns and its result."""
+        s = self.s
+        out = s.job.sink.output
+        result = out.nbytes // max(1, len(out)) if out is not None else 0
+        return s.job.rows.nbytes // max(1, s.n) + result
+
+    def _one_thread(self, ex: Executor) -> None:
+        """Serial again with torch on as many intra-op threads as each of ``ex``'s
+        workers has: when torch's own threads already spread a row over the cores,
+        the workers have nothing left to divide."""
+        s, cal, main = self.s, self.cal, self.s.main
+        intra, share = torch.get_num_threads(), threads_per_worker(ex.workers)
+        if intra < 2 or share >= intra or main.left < 8:
+            return
+        rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, main.left // 8))
+
+        def block() -> float:
+            t, start = s.now(), main.done
+            main.job.run_range(start, start + rows)
+            main.done = start + rows
+            return (s.now() - t) / rows
+
+        def measure() -> float:
+            per_row = block()
+            if per_row > 1.2 * cal.serial_row:  # slower: once more before believing it,
+                per_row = min(per_row, block())  # as noise only ever slows a block down
+            return per_row
+
+        per_row = self.kind.as_worker(ex, measure)
+        cal.one_thread_row = per_row
+        cal.serial_cores = min(max(1.0, per_row / cal.serial_row), float(s.cores))
 
 
 #: the model of each executor auto weighs, by name, in the registry's order (a batched
@@ -258,4 +346,14 @@ def model(name: str) -> type[CostModel]:
     return MODELS.get(name, CostModel)
 
 
-__all__ = ["BATCHED", "MODELS", "POOLS", "CostModel", "ProcessesModel", "model"]
+__all__ = [
+    "BATCHED",
+    "COLD_DISPATCH",
+    "MIN_PROCESS_WORK",
+    "MODELS",
+    "POOLS",
+    "CostModel",
+    "Prediction",
+    "ProcessesModel",
+    "model",
+]

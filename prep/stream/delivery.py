@@ -21,12 +21,9 @@ from . import stats
 __all__ = ["Delivery"]
 
 
-def _nothing(tickets: list[Ticket]) -> Any:
-    return None
-
-
 class Delivery:
-    """``done``, ``wait``, ``result`` and ``cancel`` of one batch in a stream."""
+    """``wait``, ``result`` and ``cancel`` of one batch in a stream (``wait(0)``: whether
+    it is done)."""
 
     def __init__(
         self,
@@ -35,7 +32,6 @@ class Delivery:
         taken: Callable[[list[Ticket], float], None] | None = None,
     ) -> None:
         self.tickets, self._finish, self._taken = tickets, finish, taken
-        self.error: BaseException | None = None  # a batch that failed before any ticket
         self.ran_for: float | None = None  # seconds it ran in the submitting thread, if it did
 
     @classmethod
@@ -58,12 +54,7 @@ class Delivery:
         def throw(tickets: list[Ticket]) -> Any:
             raise error
 
-        delivery = cls([], throw)
-        delivery.error = error
-        return delivery
-
-    def done(self) -> bool:
-        return all(t.done() for t in self.tickets)
+        return cls([], throw)
 
     def wait(self, timeout: float | None = None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout
@@ -93,4 +84,4 @@ class Delivery:
         """Nobody will take it: its tickets are cancelled, what it holds let go."""
         for t in self.tickets:
             t.cancel()
-        self._finish, self._taken = _nothing, None
+        self._finish, self._taken = (lambda tickets: None), None

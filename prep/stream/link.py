@@ -78,10 +78,6 @@ class Link:
                 return not self.stop.is_set()
         return False
 
-    def try_reserve(self) -> bool:
-        """A slot now, if one is free (never waits)."""
-        return self.slots.acquire(blocking=False)
-
     def put(self, item: Item) -> bool:
         """Hand ``item`` to the consumer; False (it is dropped) once it has stopped."""
         while not self.stop.is_set():

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .._choose import choose
 from ..errors import ConfigError
@@ -122,10 +122,8 @@ class StrategyChoice:
     flavour: str = ""  # what builds the whole batches, where the strategy is whole
 
 
-def choose_strategy(
-    f: StrategyFigures, margin: float = MARGIN, flavour: str = ""
-) -> StrategyChoice:
-    """``whole`` if its rate beats ``split``'s by ``margin``, else ``split``;
+def choose_strategy(f: StrategyFigures, flavour: str = "") -> StrategyChoice:
+    """``whole`` if its rate beats ``split``'s by ``MARGIN``, else ``split``;
     ``flavour`` names what built the whole batches (and is the choice's)."""
     whole, split = f.whole, f.split
     if whole is None:
@@ -144,7 +142,7 @@ def choose_strategy(
             "whole", f"whole batches{on}: {whole:,.0f} rows/s ({detail})", flavour
         )
     seconds = {"split": _per_row(split), "whole": _per_row(whole)}
-    if choose(seconds, "split", margin).name == "whole":  # seconds a row, each way
+    if choose(seconds, "split", MARGIN).name == "whole":  # seconds a row, each way
         return StrategyChoice(
             "whole",
             f"whole batches{on}: {whole:,.0f} rows/s ({detail}), {whole / split:.2f}x "
@@ -154,7 +152,7 @@ def choose_strategy(
     return StrategyChoice(
         "split",
         f"splitting each batch: {split:,.0f} rows/s; whole batches{on}: {whole:,.0f} rows/s "
-        f"({detail}), under {margin:.2f}x that",
+        f"({detail}), under {MARGIN:.2f}x that",
     )
 
 
@@ -162,14 +160,14 @@ def _per_row(rate: float) -> float:
     return 1 / rate if rate > 0 else math.inf
 
 
-def choose_among(figures: dict[str, StrategyFigures], margin: float = MARGIN) -> StrategyChoice:
+def choose_among(figures: dict[str, StrategyFigures]) -> StrategyChoice:
     """The fastest whole flavour of ``figures`` (flavour -> its figures, each with the
     same split rate) against split, by :func:`choose_strategy`; the others named."""
     rated = {k: f for k, f in figures.items() if f.whole is not None}
     if not rated:
         return StrategyChoice("split", "whole batches were not measured")
     best = max(rated, key=lambda k: rated[k].whole or 0.0)
-    choice = choose_strategy(rated[best], margin, best if len(figures) > 1 else "")
+    choice = choose_strategy(rated[best], best if len(figures) > 1 else "")
     others = [f"on {k}: {f.whole:,.0f} rows/s" for k, f in rated.items() if k != best]
     if not others:
         return choice
@@ -251,6 +249,8 @@ class StrategyPlan:
     workers: int
     flavours: tuple[str, ...] = ("processes",)  # what may build whole batches
     SPLIT_TRIAL = 3
+    #: whole batches timed on each flavour before the choice (after ``workers``)
+    whole_trial: ClassVar[int] = 3
     split: Arm = field(default_factory=Arm)
     whole: dict[str, Arm] = field(default_factory=dict)  # by flavour
     choice: StrategyChoice | None = None
@@ -261,11 +261,6 @@ class StrategyPlan:
     def __post_init__(self) -> None:
         self.flavour = self.flavours[0]
         self.whole = {f: Arm() for f in self.flavours}
-
-    @property
-    def whole_trial(self) -> int:
-        """Whole batches timed on each flavour before the choice (after ``workers``)."""
-        return 3
 
     def measuring(self) -> bool:
         """Whether ``auto``'s trial is on (every flavour's workers must be ready first)."""
@@ -353,10 +348,6 @@ class StrategyPlan:
         return {
             f: arm.figures(self.workers, split, _independent(f)) for f, arm in self.whole.items()
         }
-
-    def figures(self) -> StrategyFigures:
-        """The figures of the flavour of the next whole batch."""
-        return self.all_figures()[self.flavour]
 
     def describe(self) -> str:
         """A line for ``Pool.explain()``."""

@@ -129,7 +129,7 @@ def _run_batches(
             if pending and pending[0].ticket.wait(0):  # done (a reply already there is read)
                 if not _deliver(pending.popleft(), link, workers):
                     return
-            elif not ended and (link.try_reserve() if pending else link.reserve()):
+            elif not ended and (link.slots.acquire(blocking=False) if pending else link.reserve()):
                 pulling = figures_of.clock()
                 try:
                     batch = next(source.batches)
@@ -197,9 +197,9 @@ class Stream(Iterator[Any]):
     the CUDA device and stream current where the Stream is made. :meth:`stats` says
     what it measured and what bounds the loop, :meth:`state_dict` where it is
     (``position``: counted from a resumed state; None: from ``batches``' start);
-    ``workers`` is how many workers its batches share (None: those of ``submit``'s
-    plan, else 1); ``measure=False`` keeps no figures (to measure what they cost);
-    ``bar``: a bar of the batches taken, with the share of its time the loop waited.
+    ``workers`` is how many workers its batches share; ``measure=False`` keeps no
+    figures (to measure what they cost); ``bar``: a bar of the batches taken, with the
+    share of its time the loop waited.
     """
 
     def __init__(
@@ -209,7 +209,7 @@ class Stream(Iterator[Any]):
         prefetch: int = 2,
         submit: Callable[[Any], Delivery] | None = None,
         *,
-        workers: int | None = None,
+        workers: int = 1,
         measure: bool = True,
         position: Position | None = None,
         bar: CountBar | None = None,
@@ -222,8 +222,6 @@ class Stream(Iterator[Any]):
         self._closed = False
         self._link = Link(self.prefetch)  # unused at prefetch=0
         self._thread: threading.Thread | None = None
-        if workers is None:  # a Submitter's plan knows them
-            workers = getattr(getattr(submit, "plan", None), "workers", 1)
         self._meter = Meter(self.prefetch, workers) if measure else None
         if self.prefetch:
             submit = submit or functools.partial(Delivery.ran, call)

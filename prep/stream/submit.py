@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +62,9 @@ class Work:
     def _next(self, rows: int) -> tuple[Options, tuple[int, int]]:
         """The next batch's options and place (its number, the rows before it): under
         ``seed=``, batch ``k``'s rows keyed under ``mix(seed, k)``, whoever runs them
-        (``core.seeding``)."""
+        (``core.seeding``). The function is checked first: raised at the batch, as its
+        errors are."""
+        check_fn(self.fn, None, "map_rows", "batch")
         number, before = next(self._numbers), self._rows
         self._rows += rows
         seed = self.options.seed
@@ -76,14 +77,12 @@ class Work:
     def split(self, batch: Any) -> Any:
         """The batch through the pool's executor, in this thread: ``map_rows``."""
         rows = self.rows(batch)
-        check_fn(self.fn, None, "map_rows", "batch")  # raised at the batch, as its errors are
         options, place = self._next(len(rows))
         with pointing_at(self.site):
             return _batch.run(self.executors(self.executor), self.bound, rows, options, place)
 
     def start(self, rows: Rows, ex: Executor) -> _batch.Batch:
         """The batch's job, for ``ex``'s workers to run."""
-        check_fn(self.fn, None, "map_rows", "batch")
         options, place = self._next(len(rows))
         return _batch.start(self.bound, rows, options, ex, place)
 
@@ -119,11 +118,10 @@ class Submitter:
                 return Delivery.failed(exc)
         strategy = self.plan.next(ready)
         if strategy == "split" and not self.parts:
-            t = time.perf_counter()
             ran = Delivery.ran(self.work.split, batch)
-            if ran.error is None and self.plan.timed:
+            if ran.ran_for is not None and self.plan.timed:  # ran, and did not fail
                 n = len(batch) if self.work.samples else len(rows_of(batch))
-                self.plan.split_ran(n, time.perf_counter() - t)
+                self.plan.split_ran(n, ran.ran_for)
             return ran
         try:
             rows = self.work.rows(batch)
