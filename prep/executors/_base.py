@@ -16,7 +16,6 @@ import math
 import multiprocessing
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -145,10 +144,3 @@ def first_error(errors: list[BaseException]) -> BaseException:
     """Of the errors several workers reported, the one of the lowest row (as serial
     would have met it first); errors without a row come last."""
     return min(errors, key=lambda e: math.inf if (r := getattr(e, "row", None)) is None else r)
-
-
-def iter_chunks(
-    n: int, workers: int, per_worker: int = 4, first: int = 0
-) -> Iterator[tuple[int, int]]:
-    """Ranges over rows ``first:n``, a few per worker so fast workers take up slack."""
-    yield from split(first, n, workers * per_worker)
