@@ -19,7 +19,7 @@ from typing import Any, overload
 
 from .._kept import keep_newest
 from ._base import threads_per_worker
-from ._daemons import DaemonThreads, own_intra_op_threads
+from ._daemons import own_intra_op_threads
 from ._job import Job
 from ._messages import Chunk, Done, Failure
 from ._shapes import FUNCTIONS, Known
@@ -88,14 +88,18 @@ def _build_part(ticket: Ticket, part: Part) -> None:
     ticket.resolve(*value_of(reply, fn))
 
 
-class ThreadBatches(DaemonThreads[Ticket]):
+class ThreadBatches:
     """Threads that each build whole batches or parts of batches, taken from one queue
-    in order: ``submit(unit) -> Ticket``."""
+    in order: ``submit(unit) -> Ticket``. Each is a daemon, so a stuck one never
+    blocks interpreter exit."""
 
     name = "threads"
 
     def __init__(self, workers: int) -> None:
-        super().__init__(workers)
+        self.workers = workers
+        self._tasks: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()  # None: stop
+        self._threads: list[_Thread] = []
+        self._lock = threading.Lock()
         self._made = 0
         #: each function's record (``_shapes.Known``), by its id (the function held here)
         self._known: dict[int, tuple[Any, Known]] = {}
@@ -143,6 +147,15 @@ class ThreadBatches(DaemonThreads[Ticket]):
         for ticket in tickets:
             self._tasks.put(ticket)
         return tickets if isinstance(units, list) else tickets[0]
+
+    def close(self) -> None:
+        """Ask every thread to stop once its batch is done; wait a little for each."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+            for _ in threads:
+                self._tasks.put(None)
+        for t in threads:
+            t.join(timeout=5)
 
     def _abandon(self, tickets: list[Ticket]) -> None:
         for ticket in tickets:  # those not started are dropped; one that runs finishes alone

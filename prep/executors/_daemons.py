@@ -5,23 +5,19 @@ and also a process-wide default that threads which have not run a parallel op
 yet pick up on their first. So a thread takes its share in itself and puts the
 default back from a short-lived thread, whose own setting dies with it: the
 caller's setting is never touched (see :mod:`.threads` for why that matters).
-:class:`DaemonThreads` is the queue and the threads of a pool (``threads`` and
-the whole-batch threads of streams); :func:`on_intra_op_threads` runs one
-function as such a thread would.
+A pool's threads (``_batch_threads``) take their share so; :func:`on_intra_op_threads`
+runs one function as such a thread would.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TypeVar
 
 import torch
 
 T = TypeVar("T")
-#: a pool's task: anything its threads take from the queue (None tells one to stop)
-Item = TypeVar("Item")
 
 _DEFAULT_LOCK = threading.Lock()
 
@@ -62,26 +58,4 @@ def on_intra_op_threads(fn: Callable[[], T], intra: int) -> T:
     return box[0]
 
 
-class DaemonThreads(Generic[Item]):
-    """``workers`` daemon threads serving one queue of tasks; ``None`` stops one.
-
-    Subclasses start their threads (each a daemon, so a stuck one never blocks
-    interpreter exit) and keep them in ``_threads`` under ``_lock``."""
-
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self._tasks: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
-        self._threads: list[Any] = []
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        """Ask every thread to stop once its task is done; wait a little for each."""
-        with self._lock:
-            threads, self._threads = self._threads, []
-            for _ in threads:
-                self._tasks.put(None)
-        for t in threads:
-            t.join(timeout=5)
-
-
-__all__ = ["DaemonThreads", "on_intra_op_threads", "own_intra_op_threads"]
+__all__ = ["on_intra_op_threads", "own_intra_op_threads"]
