@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .._kept import keep_newest
 from . import _fdpipe
 from ._context import follow
 from ._messages import (
@@ -130,11 +131,10 @@ def main(conn: Connection, main_pid: int, threads: int, seed: int) -> None:
             continue
         if isinstance(msg, Function):
             try:
-                fns[msg.key] = pickle.loads(msg.blob)
+                fn = pickle.loads(msg.blob)
             except BaseException as exc:  # SystemExit from a module it imports, too
-                fns[msg.key] = exc
-            while len(fns) > KEEP:
-                del fns[next(iter(fns))]
+                fn = exc
+            keep_newest(fns, msg.key, fn, KEEP)
             seeds.seed_numpy()  # the function's module may have imported it
             continue
         fn = fns.get(msg.key)

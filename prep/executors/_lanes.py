@@ -74,9 +74,7 @@ class Lane:
             self.context = context
         if key not in self.keys:
             _fdpipe.send(conn, m.Function(key, blob(key)))
-            self.keys[key] = None
-            while len(self.keys) > _batch_worker.KEEP:  # the worker forgets its oldest
-                del self.keys[next(iter(self.keys))]
+            keep_newest(self.keys, key, None, _batch_worker.KEEP)  # as the worker keeps them
         ticket.lane, ticket.seq = self, seq
         if isinstance(unit, Call):
             _fdpipe.send(conn, m.Call(seq, key, unit.args))
