@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .._writers import writer_alive
 from ..core.output import Output
 from ..core.policy import RAISE, Policy, ResultCheck
 from ..core.rows import Rows
@@ -36,25 +37,13 @@ def limit_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed parent not yet reaped is a zombie: as good as dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _watch_parent(pid: int, every: float = 0.5) -> None:
     """Exit when the main process is gone, even while the row function hangs."""
 
+    since = time.time()  # a process started after this is not the parent: its PID reused
+
     def watch() -> None:
-        while _alive(pid):
+        while writer_alive(pid, since):  # a killed parent not yet reaped is as good as dead
             time.sleep(every)
         os._exit(1)  # releases this worker's shared memory with its file descriptors
 
