@@ -27,7 +27,7 @@ import torch
 
 from .._kept import keep_newest
 from . import _fdpipe
-from ._context import follow
+from ._context import Context, follow
 from ._messages import (
     BAD_RESULT,
     LOAD_ERROR,
@@ -36,7 +36,6 @@ from ._messages import (
     Chunk,
     Close,
     Failure,
-    Follow,
     Function,
     Load,
     Loaded,
@@ -126,8 +125,8 @@ def main(conn: Connection, main_pid: int, threads: int, seed: int) -> None:
             return
         if isinstance(msg, Close):
             return
-        if isinstance(msg, Follow):  # the caller's directory and environment, as they are now
-            follow(msg.context)
+        if isinstance(msg, Context):  # the caller's directory and environment, as they are now
+            follow(msg)
             continue
         if isinstance(msg, Function):
             try:
