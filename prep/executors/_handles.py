@@ -89,10 +89,6 @@ class Worker:
         if self.proc.exitcode is not None and self.proc.pid is not None:
             unlink_leftovers(self.proc.pid)
 
-    def how_it_died(self) -> str:
-        self.proc.join(1)
-        return how_it_ended(self.proc.exitcode)
-
 
 def how_it_ended(code: int | None) -> str:
     """A process's exit code in words: "signal SIGKILL", "exit code 1"."""
