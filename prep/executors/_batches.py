@@ -97,7 +97,7 @@ class ProcessBatches:
         parts of one batch (``Part`` units sharing ``rows``) send its tensors once, in
         one loan from the ring."""
         listed: list[Unit] = units if isinstance(units, list) else [units]
-        tickets = [Ticket(unit, self._pump, self._abandon) for unit in listed]
+        tickets = [Ticket(unit, self._pump, self._lanes.abandon) for unit in listed]
         rows = [t.unit.rows for t in tickets if isinstance(t.unit, (Whole, Part))]
         if rows:
             assert all(r is rows[0] for r in rows), "the rows units of one submit are one batch's"
@@ -108,7 +108,7 @@ class ProcessBatches:
                 ticket.on_settled = loan and loan.settled
         with self._lock:
             lanes = self._lanes.ensure_started()
-            self._read_ready()
+            self._read_ready(lanes)  # a unit done is no work in hand
             order = sorted(lanes, key=Lane.load)
             for lane, ticket in zip(itertools.cycle(order), tickets):
                 self._lanes.send(lane, ticket)
@@ -126,14 +126,11 @@ class ProcessBatches:
         self._lanes.close(now)
         self._ring.clear()
 
-    def _abandon(self, tickets: list[Ticket]) -> None:
-        self._lanes.abandon(tickets)  # nobody will wait for them (Ctrl-C)
-
     # ------------------------------------------------------------ waiting
 
-    def _read_ready(self) -> None:
-        """Read the replies waiting (never waits): a unit done is no work in hand."""
-        for lane in list(self._lanes.all):
+    def _read_ready(self, lanes: list[Lane]) -> None:
+        """Read the replies waiting from ``lanes`` (never waits)."""
+        for lane in lanes:
             while lane.tickets and lane.worker.conn.poll():
                 if not self._read_one(lane):
                     break
@@ -194,13 +191,10 @@ class ProcessBatches:
                 lane = busy.get(end) or ends[end]
                 if lane not in self._lanes.all or lane.worker.proc.sentinel not in ends:
                     continue  # replaced (and its tickets dealt with) since the snapshot
-                if end in ends:
-                    if not lane.worker.conn.poll():
-                        self._lanes.lost(lane)
-                    continue
-                while lane.tickets and lane.worker.conn.poll():
-                    if not self._read_one(lane):
-                        break
+                if end not in ends:
+                    self._read_ready([lane])
+                elif not lane.worker.conn.poll():
+                    self._lanes.lost(lane)
 
     def _receive(self, lane: Lane, msg: Reply, transfer: float) -> None:
         ticket = lane.answered(msg.seq)
