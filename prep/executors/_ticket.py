@@ -246,17 +246,16 @@ def value_of(reply: Outcome, fn: Any) -> tuple[Any, BaseException | None]:
             assert isinstance(err, RowError)
             errors[err.row] = err
         return (reply.output, errors), None
-    name, text, tb, blob = reply.name, reply.text, reply.tb, reply.blob
     if reply.kind == CALL_ERROR:
         return None, _worker.call_error(reply)
-    if reply.kind == LOAD_ERROR:
-        err = FunctionLoadError(
-            f"prep's worker processes could not load the row function {describe_fn(fn)} "
-            f"({name}: {text}). Workers start from a fresh interpreter and never run your "
-            f"main script, so what the function needs by name (its module, the modules it "
-            f"imports) must be importable there: install it, or keep it on sys.path; or "
-            f"use executor='threads'"
-        )
-        err.__cause__ = _worker.rebuild(blob, name, text, tb)
-        return None, err
-    return None, _worker.error_from_reply(reply)
+    if reply.kind != LOAD_ERROR:
+        return None, _worker.error_from_reply(reply)
+    err = FunctionLoadError(
+        f"prep's worker processes could not load the row function {describe_fn(fn)} "
+        f"({reply.name}: {reply.text}). Workers start from a fresh interpreter and never run "
+        f"your main script, so what the function needs by name (its module, the modules it "
+        f"imports) must be importable there: install it, or keep it on sys.path; or "
+        f"use executor='threads'"
+    )
+    err.__cause__ = _worker.rebuild(reply.blob, reply.name, reply.text, reply.tb)
+    return None, err
