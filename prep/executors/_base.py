@@ -59,13 +59,9 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
     """``start:stop`` cut into at most ``parts`` contiguous ranges of near-equal size."""
     n = stop - start
     parts = max(1, min(parts, n))
-    size, extra = divmod(n, parts)
-    ranges, at = [], start
-    for p in range(parts):
-        end = at + size + (p < extra)
-        ranges.append((at, end))
-        at = end
-    return [r for r in ranges if r[0] < r[1]]
+    size, extra = divmod(n, parts)  # the first ``extra`` ranges take a row more
+    edges = [start + p * size + min(p, extra) for p in range(parts + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if a < b]
 
 
 @dataclass(frozen=True)
