@@ -98,8 +98,7 @@ class Job:
     def strict(self) -> Job:
         """This job with ``on_error='raise'``: for a batched call, which cannot keep a
         failing row's error to that row (the caller then runs the rows one by one)."""
-        policy = Policy(self.policy.padding)
-        return dataclasses.replace(self, policy=policy)
+        return dataclasses.replace(self, policy=Policy(self.policy.padding))
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no timeout)."""

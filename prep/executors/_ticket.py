@@ -187,8 +187,7 @@ class Ticket:
         """The rows it holds, in batch row numbers."""
         if isinstance(self.unit, Part):
             return self.unit.bounds
-        n = len(self.rows) if self.rows is not None else 0
-        return (0, n)
+        return (0, len(self.rows or ()))
 
     def describe(self) -> str:
         """What it holds, for an error: "the batch of 64 rows", or "rows 32-63 of a batch"."""
@@ -215,8 +214,9 @@ class Ticket:
     def timed_out(self, what_now: str) -> BatchTimeout:
         unit = self.unit
         limit = unit.limit if isinstance(unit, Part) and unit.limit is not None else unit.timeout
-        what = self.describe()
-        return BatchTimeout(f"{what} did not finish within timeout={limit} s; {what_now}")
+        return BatchTimeout(
+            f"{self.describe()} did not finish within timeout={limit} s; {what_now}"
+        )
 
 
 def abandon(tickets: list[Ticket]) -> None:
