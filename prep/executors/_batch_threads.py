@@ -21,7 +21,7 @@ from .._kept import keep_newest
 from ._base import threads_per_worker
 from ._daemons import own_intra_op_threads
 from ._job import Job
-from ._messages import Chunk, Done, Failure
+from ._messages import Outcome
 from ._shapes import FUNCTIONS, Known
 from ._ticket import Part, Ticket, Unit, Whole, value_of
 from ._worker import run_chunk, write_rows
@@ -54,38 +54,32 @@ class _Thread(threading.Thread):
 
 
 def _build(ticket: Ticket) -> None:
-    """The whole batch, serially, in this thread; its value or error into the ticket."""
-    ticket.started = time.monotonic()
-    unit = ticket.unit
-    if isinstance(unit, Part):
-        _build_part(ticket, unit)
-        return
-    assert isinstance(unit, Whole), "threads build rows"
-    job = Job.new(unit.key, unit.rows, timeout=unit.timeout, policy=unit.policy)
-    try:
-        with ticket.modes():  # the caller's grad and inference modes
-            job.run_range(0, len(unit.rows))
-    except BaseException as exc:  # raised where the stream takes the result
-        ticket.resolve(error=exc)
-        return
-    ticket.busy = time.monotonic() - ticket.started
-    ticket.resolve((job.sink.output, dict(job.sink.failures.errors)))
-
-
-def _build_part(ticket: Ticket, part: Part) -> None:
-    """A part of a batch, replied as a worker process replies (``Ticket.reply``): its
-    rows as a chunk of the batch, or written into the batch's output (``into``)."""
-    assert ticket.started is not None and ticket.rows is not None
-    (start, stop), fn, rows = part.bounds, part.key, ticket.rows
-    with ticket.modes():  # the caller's grad and inference modes
-        reply: Done | Chunk | Failure
-        if part.into is not None:
-            reply = write_rows(fn, rows, part.into, start, stop, live=True)
+    """The unit's rows, serially, in this thread, under the caller's grad and inference
+    modes; its value or error into the ticket. A whole batch's value is its output and
+    failed rows; a part replies as a worker process replies (``Ticket.reply``): its rows
+    as a chunk of the batch, or written into the batch's output (``into``)."""
+    started = ticket.started = time.monotonic()
+    unit, rows = ticket.unit, ticket.rows
+    assert isinstance(unit, (Whole, Part)) and rows is not None, "threads build rows"
+    with ticket.modes():
+        if isinstance(unit, Whole):
+            job = Job.new(unit.key, rows, timeout=unit.timeout, policy=unit.policy)
+            try:
+                job.run_range(0, len(rows))
+            except BaseException as exc:  # raised where the stream takes the result
+                ticket.resolve(error=exc)
+                return
+            ticket.busy = time.monotonic() - started
+            ticket.resolve((job.sink.output, dict(job.sink.failures.errors)))
+            return
+        reply: Outcome
+        if unit.into is not None:
+            reply = write_rows(unit.key, rows, unit.into, *unit.bounds, live=True)
         else:
-            reply = run_chunk(fn, rows, start, stop, policy=part.policy, live=True)
+            reply = run_chunk(unit.key, rows, *unit.bounds, policy=unit.policy, live=True)
     ended = time.monotonic()
-    ticket.busy, ticket.span, ticket.reply = ended - ticket.started, (ticket.started, ended), reply
-    ticket.resolve(*value_of(reply, fn))
+    ticket.busy, ticket.span, ticket.reply = ended - started, (started, ended), reply
+    ticket.resolve(*value_of(reply, unit.key))
 
 
 class ThreadBatches:

@@ -45,7 +45,6 @@ from typing import Any, overload
 from . import _fdpipe, _spawn
 from ._base import threads_per_worker
 from ._lanes import Functions, Lane, Lanes, check_on_cpu
-from ._messages import Reply
 from ._ring import Ring
 from ._shapes import Known
 from ._ticket import Part, Ticket, Unit, Whole, value_of
@@ -136,14 +135,23 @@ class ProcessBatches:
                     break
 
     def _read_one(self, lane: Lane) -> bool:
-        """Read one reply from the lane's worker; False if the worker is lost instead."""
+        """Read one reply from the lane's worker and resolve its ticket with it (how long
+        the worker took, and this process to receive it); False if the worker is lost
+        instead."""
         t = time.perf_counter()
         try:
             msg = _fdpipe.recv(lane.worker.conn)
         except (EOFError, OSError, RuntimeError):  # RuntimeError: fds cut short
             self._lanes.lost(lane)
             return False
-        self._receive(lane, msg, time.perf_counter() - t)
+        ticket = lane.answered(msg.seq)
+        ticket.transfer = time.perf_counter() - t
+        if ticket.cancelled:  # read, so its shared memory is released; nobody wants it
+            ticket.settle()
+            return True
+        t0, t1, ticket.reply = msg.started, msg.ended, msg.outcome
+        ticket.busy, ticket.span = (t1 - t0, (t0, t1)) if t1 else (None, None)
+        ticket.resolve(*value_of(msg.outcome, self._fns.fn(ticket.unit.key)))
         return True
 
     def _pump(self, ticket: Ticket | None, timeout: float | None) -> bool:
@@ -195,18 +203,6 @@ class ProcessBatches:
                     self._read_ready([lane])
                 elif not lane.worker.conn.poll():
                     self._lanes.lost(lane)
-
-    def _receive(self, lane: Lane, msg: Reply, transfer: float) -> None:
-        ticket = lane.answered(msg.seq)
-        t0, t1, reply = msg.started, msg.ended, msg.outcome
-        if ticket.cancelled:
-            ticket.settle()
-            return  # read, so its shared memory is released; nobody wants it
-        ticket.busy, ticket.transfer = (t1 - t0 if t1 else None), transfer
-        ticket.span = (t0, t1) if t1 else None
-        ticket.reply = reply
-        value, error = value_of(reply, self._fns.fn(ticket.unit.key))
-        ticket.resolve(value, error)
 
     def __repr__(self) -> str:
         return f"<ProcessBatches workers={self.workers}>"
