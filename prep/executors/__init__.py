@@ -53,8 +53,7 @@ REGISTRY: dict[str, type[Executor]] = {
 def traits_of(name: str) -> Traits:
     """The traits of the executor of that name (the defaults for a name not in the
     registry), without making one."""
-    cls = REGISTRY.get(name)
-    return cls.traits if cls is not None else Traits()
+    return REGISTRY[name].traits if name in REGISTRY else Traits()
 
 
 __all__ = [

@@ -66,10 +66,9 @@ class ProcessBatches:
         self.workers = workers
         self._fns = Functions()
         self._lanes = Lanes(workers, threads_per_worker(workers), fork, self._fns)
-        self._lock = self._lanes.lock
         self._ring = Ring(keep=4 * workers)
         if fork and _spawn.fork_is_safe():
-            with self._lock:
+            with self._lanes.lock:
                 self._lanes.ensure_started()
 
     @property
@@ -81,7 +80,7 @@ class ProcessBatches:
     def prepare(self, fn: Any) -> Known:
         """The record of ``fn`` here: the key its units name it by, what was learned of it
         (``_shapes.Known``)."""
-        with self._lock:
+        with self._lanes.lock:
             return self._fns.add(fn)
 
     @overload
@@ -105,7 +104,7 @@ class ProcessBatches:
             for ticket in tickets:
                 ticket.wire = wire if ticket.rows is rows[0] else wire.window(*ticket.bounds())
                 ticket.on_settled = loan and loan.settled
-        with self._lock:
+        with self._lanes.lock:
             lanes = self._lanes.ensure_started()
             self._read_ready(lanes)  # a unit done is no work in hand
             order = sorted(lanes, key=Lane.load)
@@ -115,7 +114,7 @@ class ProcessBatches:
 
     def release(self) -> bool:
         """:meth:`close` if workers are up and none holds a unit; True if it did."""
-        with self._lock:
+        with self._lanes.lock:
             if idle := bool(self._lanes.all) and self._lanes.idle():
                 self.close()
         return idle
@@ -161,7 +160,7 @@ class ProcessBatches:
             self._pump_any(timeout)
             return True
         end = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        with self._lanes.lock:
             while not ticket.done():
                 lane: Lane = ticket.lane
                 now = time.monotonic()
@@ -184,7 +183,7 @@ class ProcessBatches:
     def _pump_any(self, timeout: float | None) -> None:
         """Read every worker's replies, waiting up to ``timeout`` s for the first (``prep
         run`` takes each shard as it lands); the wait holds no lock."""
-        with self._lock:
+        with self._lanes.lock:
             busy = {lane.worker.conn: lane for lane in self._lanes.all if lane.tickets}
             ends = {lane.worker.proc.sentinel: lane for lane in busy.values()}
         if not busy:
@@ -193,7 +192,7 @@ class ProcessBatches:
             ready = connection.wait([*busy, *ends], timeout)
         except (OSError, ValueError):  # a lane replaced meanwhile: its pipe is closed
             return
-        with self._lock:
+        with self._lanes.lock:
             # replies first: a worker that answered and then died has its answer read
             for end in sorted(ready, key=lambda r: r in ends):
                 lane = busy.get(end) or ends[end]

@@ -72,9 +72,8 @@ class Worker:
     def alive(self) -> bool:
         """``proc.is_alive()``, asked only when its end may have come (its sentinel is
         ready): a live worker costs one poll, not a selector."""
-        if not any(fd == self.proc.sentinel for fd, _ in self._poller.poll(0)):
-            return True
-        return self.proc.is_alive()
+        ended = any(fd == self.proc.sentinel for fd, _ in self._poller.poll(0))
+        return not ended or self.proc.is_alive()
 
     def stop(self, grace: float = 1.0) -> None:
         """Terminate (SIGTERM, then SIGKILL) and reap; no orphans, no zombies, and no
