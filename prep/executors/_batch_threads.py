@@ -12,6 +12,7 @@ A thread cannot be killed: on a batch's deadline the ticket fails with
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -94,22 +95,18 @@ class ThreadBatches:
         self._tasks: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()  # None: stop
         self._threads: list[_Thread] = []
         self._lock = threading.Lock()
-        self._made = 0
+        self._names = (f"prep-thread-{i}" for i in itertools.count(1))
         #: each function's record (``_shapes.Known``), by its id (the function held here)
         self._known: dict[int, tuple[Any, Known]] = {}
 
     def _ensure_started(self) -> None:
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive() and not t.retired]
-            new = []
-            while len(self._threads) < self.workers:
-                self._made += 1
-                t = _Thread(
-                    self._tasks, threads_per_worker(self.workers), f"prep-thread-{self._made}"
-                )
+            intra, missing = threads_per_worker(self.workers), self.workers - len(self._threads)
+            new = [_Thread(self._tasks, intra, next(self._names)) for _ in range(missing)]
+            for t in new:
                 t.start()
-                self._threads.append(t)
-                new.append(t)
+            self._threads += new
         # each new thread lowers torch's process-wide default for a moment while it takes
         # its own share of threads: none may still be at it once a batch returns
         for t in new:
