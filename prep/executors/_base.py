@@ -109,8 +109,10 @@ class Executor(ABC):
         """Fill rows ``job.start:`` of ``job.sink.output`` (allocating it if None) and return
         it: None only for a batch of 0 rows without ``out=``, whose output no row shaped."""
 
-    def close(self) -> None:  # noqa: B027 (executors without resources need not close)
-        """Release threads and processes. It is safe to call this several times."""
+    def close(self) -> None:
+        """Release threads and processes (its engine's). It is safe to call this several times."""
+        if self.engine is not None:
+            self.engine.close()
 
     def release(self) -> bool:
         """Stop its workers if none holds work now (a later batch starts them again);
