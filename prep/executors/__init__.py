@@ -14,17 +14,12 @@ from ._base import (
     Traits,
     available_cores,
     copy_rows,
-    first_error,
     in_worker_process,
     resolve_workers,
-    split,
     threads_per_worker,
 )
-from ._batch_threads import ThreadBatches
 from ._batches import ProcessBatches, starts_at_once
-from ._chunks import ChunkMerge
 from ._daemons import on_intra_op_threads
-from ._fdpipe import INLINE
 from ._job import BLOCK, Job
 from ._messages import Chunk, Failure
 from ._parts import Parts
@@ -58,17 +53,14 @@ REGISTRY: dict[str, type[Executor]] = {
 def traits_of(name: str) -> Traits:
     """The traits of the executor of that name (the defaults for a name not in the
     registry), without making one."""
-    cls = REGISTRY.get(name)
-    return cls.traits if cls is not None else Traits()
+    return REGISTRY[name].traits if name in REGISTRY else Traits()
 
 
 __all__ = [
     "BLOCK",
-    "INLINE",
     "REGISTRY",
     "Call",
     "Chunk",
-    "ChunkMerge",
     "CompiledExecutor",
     "Executor",
     "Failure",
@@ -79,7 +71,6 @@ __all__ = [
     "PART_WORK",
     "Part",
     "Parts",
-    "ThreadBatches",
     "Ticket",
     "Traits",
     "Whole",
@@ -88,7 +79,6 @@ __all__ = [
     "call_failure",
     "copy_rows",
     "describe_fn",
-    "first_error",
     "fork_is_safe",
     "in_worker_process",
     "noop_row",
@@ -98,7 +88,6 @@ __all__ = [
     "server_running",
     "shm_fits",
     "shm_free",
-    "split",
     "start_costs",
     "start_method",
     "starts_at_once",

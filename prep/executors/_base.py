@@ -16,7 +16,6 @@ import math
 import multiprocessing
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -60,13 +59,9 @@ def split(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
     """``start:stop`` cut into at most ``parts`` contiguous ranges of near-equal size."""
     n = stop - start
     parts = max(1, min(parts, n))
-    size, extra = divmod(n, parts)
-    ranges, at = [], start
-    for p in range(parts):
-        end = at + size + (p < extra)
-        ranges.append((at, end))
-        at = end
-    return [r for r in ranges if r[0] < r[1]]
+    size, extra = divmod(n, parts)  # the first ``extra`` ranges take a row more
+    edges = [start + p * size + min(p, extra) for p in range(parts + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if a < b]
 
 
 @dataclass(frozen=True)
@@ -114,8 +109,10 @@ class Executor(ABC):
         """Fill rows ``job.start:`` of ``job.sink.output`` (allocating it if None) and return
         it: None only for a batch of 0 rows without ``out=``, whose output no row shaped."""
 
-    def close(self) -> None:  # noqa: B027 (executors without resources need not close)
-        """Release threads and processes. It is safe to call this several times."""
+    def close(self) -> None:
+        """Release threads and processes (its engine's). It is safe to call this several times."""
+        if self.engine is not None:
+            self.engine.close()
 
     def release(self) -> bool:
         """Stop its workers if none holds work now (a later batch starts them again);
@@ -145,10 +142,3 @@ def first_error(errors: list[BaseException]) -> BaseException:
     """Of the errors several workers reported, the one of the lowest row (as serial
     would have met it first); errors without a row come last."""
     return min(errors, key=lambda e: math.inf if (r := getattr(e, "row", None)) is None else r)
-
-
-def iter_chunks(
-    n: int, workers: int, per_worker: int = 4, first: int = 0
-) -> Iterator[tuple[int, int]]:
-    """Ranges over rows ``first:n``, a few per worker so fast workers take up slack."""
-    yield from split(first, n, workers * per_worker)

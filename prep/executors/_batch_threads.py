@@ -12,6 +12,7 @@ A thread cannot be killed: on a batch's deadline the ticket fails with
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -19,9 +20,9 @@ from typing import Any, overload
 
 from .._kept import keep_newest
 from ._base import threads_per_worker
-from ._daemons import DaemonThreads, own_intra_op_threads
+from ._daemons import own_intra_op_threads
 from ._job import Job
-from ._messages import Chunk, Done, Failure
+from ._messages import Outcome
 from ._shapes import FUNCTIONS, Known
 from ._ticket import Part, Ticket, Unit, Whole, value_of
 from ._worker import run_chunk, write_rows
@@ -54,64 +55,58 @@ class _Thread(threading.Thread):
 
 
 def _build(ticket: Ticket) -> None:
-    """The whole batch, serially, in this thread; its value or error into the ticket."""
-    ticket.started = time.monotonic()
-    unit = ticket.unit
-    if isinstance(unit, Part):
-        _build_part(ticket, unit)
-        return
-    assert isinstance(unit, Whole), "threads build rows"
-    job = Job.new(unit.key, unit.rows, timeout=unit.timeout, policy=unit.policy)
-    try:
-        with ticket.modes():  # the caller's grad and inference modes
-            job.run_range(0, len(unit.rows))
-    except BaseException as exc:  # raised where the stream takes the result
-        ticket.resolve(error=exc)
-        return
-    ticket.busy = time.monotonic() - ticket.started
-    ticket.resolve((job.sink.output, dict(job.sink.failures.errors)))
-
-
-def _build_part(ticket: Ticket, part: Part) -> None:
-    """A part of a batch, replied as a worker process replies (``Ticket.reply``): its
-    rows as a chunk of the batch, or written into the batch's output (``into``)."""
-    assert ticket.started is not None and ticket.rows is not None
-    (start, stop), fn, rows = part.bounds, part.key, ticket.rows
-    with ticket.modes():  # the caller's grad and inference modes
-        reply: Done | Chunk | Failure
-        if part.into is not None:
-            reply = write_rows(fn, rows, part.into, start, stop, live=True)
+    """The unit's rows, serially, in this thread, under the caller's grad and inference
+    modes; its value or error into the ticket. A whole batch's value is its output and
+    failed rows; a part replies as a worker process replies (``Ticket.reply``): its rows
+    as a chunk of the batch, or written into the batch's output (``into``)."""
+    started = ticket.started = time.monotonic()
+    unit, rows = ticket.unit, ticket.rows
+    assert isinstance(unit, (Whole, Part)) and rows is not None, "threads build rows"
+    with ticket.modes():
+        if isinstance(unit, Whole):
+            job = Job.new(unit.key, rows, timeout=unit.timeout, policy=unit.policy)
+            try:
+                job.run_range(0, len(rows))
+            except BaseException as exc:  # raised where the stream takes the result
+                ticket.resolve(error=exc)
+                return
+            ticket.busy = time.monotonic() - started
+            ticket.resolve((job.sink.output, dict(job.sink.failures.errors)))
+            return
+        reply: Outcome
+        if unit.into is not None:
+            reply = write_rows(unit.key, rows, unit.into, *unit.bounds, live=True)
         else:
-            reply = run_chunk(fn, rows, start, stop, policy=part.policy, live=True)
+            reply = run_chunk(unit.key, rows, *unit.bounds, policy=unit.policy, live=True)
     ended = time.monotonic()
-    ticket.busy, ticket.span, ticket.reply = ended - ticket.started, (ticket.started, ended), reply
-    ticket.resolve(*value_of(reply, fn))
+    ticket.busy, ticket.span, ticket.reply = ended - started, (started, ended), reply
+    ticket.resolve(*value_of(reply, unit.key))
 
 
-class ThreadBatches(DaemonThreads[Ticket]):
+class ThreadBatches:
     """Threads that each build whole batches or parts of batches, taken from one queue
-    in order: ``submit(unit) -> Ticket``."""
+    in order: ``submit(unit) -> Ticket``. Each is a daemon, so a stuck one never
+    blocks interpreter exit."""
 
     name = "threads"
 
     def __init__(self, workers: int) -> None:
-        super().__init__(workers)
-        self._made = 0
+        self.workers = workers
+        self._tasks: queue.SimpleQueue[Ticket | None] = queue.SimpleQueue()  # None: stop
+        self._threads: list[_Thread] = []
+        self._lock = threading.Lock()
+        self._names = (f"prep-thread-{i}" for i in itertools.count(1))
         #: each function's record (``_shapes.Known``), by its id (the function held here)
         self._known: dict[int, tuple[Any, Known]] = {}
 
     def _ensure_started(self) -> None:
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive() and not t.retired]
-            new = []
-            while len(self._threads) < self.workers:
-                self._made += 1
-                t = _Thread(
-                    self._tasks, threads_per_worker(self.workers), f"prep-thread-{self._made}"
-                )
+            intra, missing = threads_per_worker(self.workers), self.workers - len(self._threads)
+            new = [_Thread(self._tasks, intra, next(self._names)) for _ in range(missing)]
+            for t in new:
                 t.start()
-                self._threads.append(t)
-                new.append(t)
+            self._threads += new
         # each new thread lowers torch's process-wide default for a moment while it takes
         # its own share of threads: none may still be at it once a batch returns
         for t in new:
@@ -143,6 +138,15 @@ class ThreadBatches(DaemonThreads[Ticket]):
         for ticket in tickets:
             self._tasks.put(ticket)
         return tickets if isinstance(units, list) else tickets[0]
+
+    def close(self) -> None:
+        """Ask every thread to stop once its batch is done; wait a little for each."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+            for _ in threads:
+                self._tasks.put(None)
+        for t in threads:
+            t.join(timeout=5)
 
     def _abandon(self, tickets: list[Ticket]) -> None:
         for ticket in tickets:  # those not started are dropped; one that runs finishes alone

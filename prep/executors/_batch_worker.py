@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from .._kept import keep_newest
 from . import _fdpipe
-from ._context import follow
+from ._context import Context, follow
 from ._messages import (
     BAD_RESULT,
     LOAD_ERROR,
@@ -34,11 +35,12 @@ from ._messages import (
     Call,
     Chunk,
     Close,
+    Done,
     Failure,
-    Follow,
     Function,
     Load,
     Loaded,
+    Outcome,
     Reply,
     Returned,
 )
@@ -53,16 +55,13 @@ KEEP = 4
 _last_bytes: dict[str, int] = {}
 
 
-def run_whole(fn: Any, msg: Build) -> Reply:
-    """The reply to a :class:`Build`: :func:`_worker.run_chunk`'s outcome over its rows,
-    or, where the parent made the batch's output (``into``, shared),
-    :func:`_worker.write_rows`'."""
-    started = time.monotonic()
+def run_whole(fn: Any, msg: Build) -> Chunk | Done | Failure:
+    """The outcome of a :class:`Build`: :func:`_worker.run_chunk`'s over its rows, or,
+    where the parent made the batch's output (``into``, shared), :func:`_worker.write_rows`'."""
     rows = msg.rows
     start = rows.offset  # a part of a batch is a window of its rows (batch row numbers)
     if msg.into is not None:
-        done = write_rows(fn, rows, msg.into, start, start + len(rows))
-        return Reply(msg.seq, started, time.monotonic(), done)
+        return write_rows(fn, rows, msg.into, start, start + len(rows))
     # equal rows: the output is made in shared memory, written once. Ragged rows grow
     # their output a few times a batch, and each shared growth costs a new segment:
     # they grow in private memory, and _fdpipe copies the final one into shared memory.
@@ -72,20 +71,17 @@ def run_whole(fn: Any, msg: Build) -> Reply:
     chunk = run_chunk(fn, rows, start, start + len(rows), policy=msg.policy, shared=shared)
     if isinstance(chunk, Chunk) and chunk.output is not None:
         _last_bytes[msg.key] = max(b.nbytes for b in chunk.output.buffers)
-    return Reply(msg.seq, started, time.monotonic(), chunk)
+    return chunk
 
 
-def run_call(fn: Any, msg: Call) -> Reply:
-    """The reply to a :class:`Call`: the function's value, or a failure with its
+def run_call(fn: Any, msg: Call) -> Returned | Failure:
+    """The outcome of a :class:`Call`: the function's value, or a failure with its
     exception (and whether it had a cause of its own: a verdict such as a ShardError
     travels without the worker's traceback)."""
-    started = time.monotonic()
-    outcome: Returned | Failure
     try:
-        outcome = Returned(fn(*msg.args))
+        return Returned(fn(*msg.args))
     except BaseException as exc:  # SystemExit, KeyboardInterrupt in the function too
-        outcome = call_failure(exc)
-    return Reply(msg.seq, started, time.monotonic(), outcome)
+        return call_failure(exc)
 
 
 class Seeds:
@@ -125,30 +121,29 @@ def main(conn: Connection, main_pid: int, threads: int, seed: int) -> None:
             return
         if isinstance(msg, Close):
             return
-        if isinstance(msg, Follow):  # the caller's directory and environment, as they are now
-            follow(msg.context)
+        if isinstance(msg, Context):  # the caller's directory and environment, as they are now
+            follow(msg)
             continue
         if isinstance(msg, Function):
             try:
-                fns[msg.key] = pickle.loads(msg.blob)
+                fn = pickle.loads(msg.blob)
             except BaseException as exc:  # SystemExit from a module it imports, too
-                fns[msg.key] = exc
-            while len(fns) > KEEP:
-                del fns[next(iter(fns))]
+                fn = exc
+            keep_newest(fns, msg.key, fn, KEEP)
             seeds.seed_numpy()  # the function's module may have imported it
             continue
-        fn = fns.get(msg.key)
+        fn, started = fns.get(msg.key), time.monotonic()
+        outcome: Outcome
         if fn is None or isinstance(fn, BaseException):
             why = fn if fn is not None else LookupError(f"no function {msg.key!r} was sent")
-            reply = Reply(msg.seq, 0.0, 0.0, _error(-1, why, LOAD_ERROR))
+            outcome, started = _error(-1, why, LOAD_ERROR), 0.0  # no work: not timed
         elif isinstance(msg, Load):  # is the function there?
-            reply = Reply(msg.seq, 0.0, 0.0, Loaded())
-        elif isinstance(msg, Call):
-            reply = run_call(fn, msg)
+            outcome, started = Loaded(), 0.0
         else:
-            reply = run_whole(fn, msg)
+            outcome = run_call(fn, msg) if isinstance(msg, Call) else run_whole(fn, msg)
+        reply = Reply(msg.seq, started, time.monotonic() if started else 0.0, outcome)
         try:
             _fdpipe.send(conn, reply)
         except Exception as exc:  # e.g. an output that cannot be pickled
             _fdpipe.send(conn, Reply(msg.seq, 0.0, 0.0, _error(-1, exc, BAD_RESULT)))
-        del reply, fn, msg  # the output's shared memory goes once the parent has it
+        del reply, outcome, fn, msg  # the output's shared memory goes once the parent has it

@@ -45,7 +45,6 @@ from typing import Any, overload
 from . import _fdpipe, _spawn
 from ._base import threads_per_worker
 from ._lanes import Functions, Lane, Lanes, check_on_cpu
-from ._messages import Reply
 from ._ring import Ring
 from ._shapes import Known
 from ._ticket import Part, Ticket, Unit, Whole, value_of
@@ -67,10 +66,9 @@ class ProcessBatches:
         self.workers = workers
         self._fns = Functions()
         self._lanes = Lanes(workers, threads_per_worker(workers), fork, self._fns)
-        self._lock = self._lanes.lock
         self._ring = Ring(keep=4 * workers)
         if fork and _spawn.fork_is_safe():
-            with self._lock:
+            with self._lanes.lock:
                 self._lanes.ensure_started()
 
     @property
@@ -82,7 +80,7 @@ class ProcessBatches:
     def prepare(self, fn: Any) -> Known:
         """The record of ``fn`` here: the key its units name it by, what was learned of it
         (``_shapes.Known``)."""
-        with self._lock:
+        with self._lanes.lock:
             return self._fns.add(fn)
 
     @overload
@@ -97,7 +95,7 @@ class ProcessBatches:
         parts of one batch (``Part`` units sharing ``rows``) send its tensors once, in
         one loan from the ring."""
         listed: list[Unit] = units if isinstance(units, list) else [units]
-        tickets = [Ticket(unit, self._pump, self._abandon) for unit in listed]
+        tickets = [Ticket(unit, self._pump, self._lanes.abandon) for unit in listed]
         rows = [t.unit.rows for t in tickets if isinstance(t.unit, (Whole, Part))]
         if rows:
             assert all(r is rows[0] for r in rows), "the rows units of one submit are one batch's"
@@ -106,9 +104,9 @@ class ProcessBatches:
             for ticket in tickets:
                 ticket.wire = wire if ticket.rows is rows[0] else wire.window(*ticket.bounds())
                 ticket.on_settled = loan and loan.settled
-        with self._lock:
+        with self._lanes.lock:
             lanes = self._lanes.ensure_started()
-            self._read_ready()
+            self._read_ready(lanes)  # a unit done is no work in hand
             order = sorted(lanes, key=Lane.load)
             for lane, ticket in zip(itertools.cycle(order), tickets):
                 self._lanes.send(lane, ticket)
@@ -116,7 +114,7 @@ class ProcessBatches:
 
     def release(self) -> bool:
         """:meth:`close` if workers are up and none holds a unit; True if it did."""
-        with self._lock:
+        with self._lanes.lock:
             if idle := bool(self._lanes.all) and self._lanes.idle():
                 self.close()
         return idle
@@ -126,27 +124,33 @@ class ProcessBatches:
         self._lanes.close(now)
         self._ring.clear()
 
-    def _abandon(self, tickets: list[Ticket]) -> None:
-        self._lanes.abandon(tickets)  # nobody will wait for them (Ctrl-C)
-
     # ------------------------------------------------------------ waiting
 
-    def _read_ready(self) -> None:
-        """Read the replies waiting (never waits): a unit done is no work in hand."""
-        for lane in list(self._lanes.all):
+    def _read_ready(self, lanes: list[Lane]) -> None:
+        """Read the replies waiting from ``lanes`` (never waits)."""
+        for lane in lanes:
             while lane.tickets and lane.worker.conn.poll():
                 if not self._read_one(lane):
                     break
 
     def _read_one(self, lane: Lane) -> bool:
-        """Read one reply from the lane's worker; False if the worker is lost instead."""
+        """Read one reply from the lane's worker and resolve its ticket with it (how long
+        the worker took, and this process to receive it); False if the worker is lost
+        instead."""
         t = time.perf_counter()
         try:
             msg = _fdpipe.recv(lane.worker.conn)
         except (EOFError, OSError, RuntimeError):  # RuntimeError: fds cut short
             self._lanes.lost(lane)
             return False
-        self._receive(lane, msg, time.perf_counter() - t)
+        ticket = lane.answered(msg.seq)
+        ticket.transfer = time.perf_counter() - t
+        if ticket.cancelled:  # read, so its shared memory is released; nobody wants it
+            ticket.settle()
+            return True
+        t0, t1, ticket.reply = msg.started, msg.ended, msg.outcome
+        ticket.busy, ticket.span = (t1 - t0, (t0, t1)) if t1 else (None, None)
+        ticket.resolve(*value_of(msg.outcome, self._fns.fn(ticket.unit.key)))
         return True
 
     def _pump(self, ticket: Ticket | None, timeout: float | None) -> bool:
@@ -156,7 +160,7 @@ class ProcessBatches:
             self._pump_any(timeout)
             return True
         end = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        with self._lanes.lock:
             while not ticket.done():
                 lane: Lane = ticket.lane
                 now = time.monotonic()
@@ -179,7 +183,7 @@ class ProcessBatches:
     def _pump_any(self, timeout: float | None) -> None:
         """Read every worker's replies, waiting up to ``timeout`` s for the first (``prep
         run`` takes each shard as it lands); the wait holds no lock."""
-        with self._lock:
+        with self._lanes.lock:
             busy = {lane.worker.conn: lane for lane in self._lanes.all if lane.tickets}
             ends = {lane.worker.proc.sentinel: lane for lane in busy.values()}
         if not busy:
@@ -188,31 +192,16 @@ class ProcessBatches:
             ready = connection.wait([*busy, *ends], timeout)
         except (OSError, ValueError):  # a lane replaced meanwhile: its pipe is closed
             return
-        with self._lock:
+        with self._lanes.lock:
             # replies first: a worker that answered and then died has its answer read
             for end in sorted(ready, key=lambda r: r in ends):
                 lane = busy.get(end) or ends[end]
                 if lane not in self._lanes.all or lane.worker.proc.sentinel not in ends:
                     continue  # replaced (and its tickets dealt with) since the snapshot
-                if end in ends:
-                    if not lane.worker.conn.poll():
-                        self._lanes.lost(lane)
-                    continue
-                while lane.tickets and lane.worker.conn.poll():
-                    if not self._read_one(lane):
-                        break
-
-    def _receive(self, lane: Lane, msg: Reply, transfer: float) -> None:
-        ticket = lane.answered(msg.seq)
-        t0, t1, reply = msg.started, msg.ended, msg.outcome
-        if ticket.cancelled:
-            ticket.settle()
-            return  # read, so its shared memory is released; nobody wants it
-        ticket.busy, ticket.transfer = (t1 - t0 if t1 else None), transfer
-        ticket.span = (t0, t1) if t1 else None
-        ticket.reply = reply
-        value, error = value_of(reply, self._fns.fn(ticket.unit.key))
-        ticket.resolve(value, error)
+                if end not in ends:
+                    self._read_ready([lane])
+                elif not lane.worker.conn.poll():
+                    self._lanes.lost(lane)
 
     def __repr__(self) -> str:
         return f"<ProcessBatches workers={self.workers}>"

@@ -13,18 +13,16 @@ reference that the batch's finds good.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from ..core.output import Output
 from ..core.policy import ResultCheck
-from ..errors import RowError, StackError, WorkerCrashed
-from ._base import first_error
+from ..errors import RowError, StackError
 from ._job import Job
 from ._messages import Chunk
-from ._ticket import Ticket, abandon
 from ._worker import error_from_reply
 
-__all__ = ["ChunkMerge", "gather"]
+__all__ = ["ChunkMerge"]
 
 
 class ChunkMerge:
@@ -122,45 +120,3 @@ class ChunkMerge:
             err.__cause__ = StackError(problem)
             self.sink.fail(i, err)
         return failed
-
-
-def gather(
-    job: Job,
-    pending: list[Ticket],
-    into: Output | None,
-    crashed: Callable[[Ticket, WorkerCrashed], list[Ticket] | None] = lambda t, e: None,
-) -> None:
-    """Wait for a batch's parts, in row order: each merged into ``job.sink`` (or, given
-    ``into``, already written there), the progress bar advanced; once every part is
-    back, the lowest row's error raised (serial's first). ``crashed(ticket, exc)``: the
-    parts to wait for instead of one whose worker died (crash isolation), or None for
-    the crash to be its error. The parts still out are abandoned on Ctrl-C while waiting."""
-    merge = ChunkMerge(job) if into is None else None
-    errors: list[BaseException] = []
-    try:
-        while pending:
-            ticket = pending.pop(0)
-            try:
-                ticket.result()
-            except WorkerCrashed as exc:
-                again = crashed(ticket, exc)
-                if again is not None:
-                    pending += again
-                    continue
-                errors.append(exc)
-            except Exception as exc:  # a row's, the deadline's: the lowest row's wins
-                errors.append(exc)
-            else:
-                if merge is not None:
-                    assert isinstance(ticket.reply, Chunk), "a part resolved has its chunk"
-                    merge.take(ticket.reply, errors)
-            ticket.reply = None  # its chunk's shared memory goes once merged
-            start, stop = ticket.bounds()
-            job.sink.advance(stop - start)
-    except BaseException:  # Ctrl-C while waiting: the parts still out are dropped
-        abandon(pending)  # their workers freed (``Ticket``)
-        raise
-    if errors:
-        raise first_error(errors)
-    if into is not None and job.sink.output is None:
-        job.sink.adopt(into)

@@ -5,23 +5,20 @@ and also a process-wide default that threads which have not run a parallel op
 yet pick up on their first. So a thread takes its share in itself and puts the
 default back from a short-lived thread, whose own setting dies with it: the
 caller's setting is never touched (see :mod:`.threads` for why that matters).
-:class:`DaemonThreads` is the queue and the threads of a pool (``threads`` and
-the whole-batch threads of streams); :func:`on_intra_op_threads` runs one
-function as such a thread would.
+A pool's threads (``_batch_threads``) take their share so; :func:`on_intra_op_threads`
+runs one function as such a thread would.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
 T = TypeVar("T")
-#: a pool's task: anything its threads take from the queue (None tells one to stop)
-Item = TypeVar("Item")
 
 _DEFAULT_LOCK = threading.Lock()
 
@@ -44,44 +41,13 @@ def on_intra_op_threads(fn: Callable[[], T], intra: int) -> T:
     """``fn()`` run in a short-lived thread of its own with torch on ``intra``
     intra-op threads; its result, or its exception raised here. The caller's
     setting and torch's default for new threads are left as they were."""
-    box: list[T] = []
-    failed: list[BaseException] = []
 
-    def target() -> None:
+    def target() -> T:
         own_intra_op_threads(intra)
-        try:
-            box.append(fn())
-        except BaseException as exc:  # re-raised in the caller's thread
-            failed.append(exc)
+        return fn()
 
-    t = threading.Thread(target=target, daemon=True, name="prep-intra-op")
-    t.start()
-    t.join()
-    if failed:
-        raise failed[0]
-    return box[0]
+    with ThreadPoolExecutor(1, thread_name_prefix="prep-intra-op") as thread:
+        return thread.submit(target).result()
 
 
-class DaemonThreads(Generic[Item]):
-    """``workers`` daemon threads serving one queue of tasks; ``None`` stops one.
-
-    Subclasses start their threads (each a daemon, so a stuck one never blocks
-    interpreter exit) and keep them in ``_threads`` under ``_lock``."""
-
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self._tasks: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
-        self._threads: list[Any] = []
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        """Ask every thread to stop once its task is done; wait a little for each."""
-        with self._lock:
-            threads, self._threads = self._threads, []
-            for _ in threads:
-                self._tasks.put(None)
-        for t in threads:
-            t.join(timeout=5)
-
-
-__all__ = ["DaemonThreads", "on_intra_op_threads", "own_intra_op_threads"]
+__all__ = ["on_intra_op_threads", "own_intra_op_threads"]

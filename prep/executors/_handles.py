@@ -72,9 +72,8 @@ class Worker:
     def alive(self) -> bool:
         """``proc.is_alive()``, asked only when its end may have come (its sentinel is
         ready): a live worker costs one poll, not a selector."""
-        if not any(fd == self.proc.sentinel for fd, _ in self._poller.poll(0)):
-            return True
-        return self.proc.is_alive()
+        ended = any(fd == self.proc.sentinel for fd, _ in self._poller.poll(0))
+        return not ended or self.proc.is_alive()
 
     def stop(self, grace: float = 1.0) -> None:
         """Terminate (SIGTERM, then SIGKILL) and reap; no orphans, no zombies, and no
@@ -88,10 +87,6 @@ class Worker:
         self.conn.close()
         if self.proc.exitcode is not None and self.proc.pid is not None:
             unlink_leftovers(self.proc.pid)
-
-    def how_it_died(self) -> str:
-        self.proc.join(1)
-        return how_it_ended(self.proc.exitcode)
 
 
 def how_it_ended(code: int | None) -> str:

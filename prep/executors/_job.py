@@ -98,8 +98,7 @@ class Job:
     def strict(self) -> Job:
         """This job with ``on_error='raise'``: for a batched call, which cannot keep a
         failing row's error to that row (the caller then runs the rows one by one)."""
-        policy = Policy(self.policy.padding)
-        return dataclasses.replace(self, policy=policy)
+        return dataclasses.replace(self, policy=Policy(self.policy.padding))
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no timeout)."""
@@ -117,33 +116,26 @@ class Job:
         if left is not None and left <= 0:
             raise self.timed_out("raise the timeout or look for a row that hangs")
 
-    def compute(self, i: int) -> Any:
-        """The row function's result for row ``i``, its exception wrapped as RowError."""
-        try:
-            return self.rows.call(self.fn, i)
-        except SetupError:
-            raise  # the worker's setup, not this row: never a row error
-        except Exception as exc:
-            raise _row_error(i, exc) from exc
-
-    def compute_block(self, start: int, stop: int) -> list[Any]:
-        """:meth:`compute` of rows ``start:stop``, in one loop: for a job whose rows
-        raise (no per-row policy) and that has no deadline to check between them."""
+    def compute(self, start: int, stop: int) -> list[Any]:
+        """The row function's results for rows ``start:stop``, in one loop; a row's
+        exception wrapped as RowError."""
         call, fn, results = self.rows.call, self.fn, []
         i = start
         try:
             for i in range(start, stop):
                 results.append(call(fn, i))
         except SetupError:
-            raise
+            raise  # the worker's setup, not this row: never a row error
         except Exception as exc:
             raise _row_error(i, exc) from exc
         return results
 
     def outcome(self, i: int) -> Any:
-        """:meth:`compute`, or FAILED where the policy keeps a row's error to itself."""
+        """Row ``i``'s result once the deadline is checked (per row: a slow row cannot
+        hide a block's worth), or FAILED where the policy keeps its error to itself."""
+        self.check_deadline()
         try:
-            return self.compute(i)
+            return self.compute(i, i + 1)[0]
         except RowError as error:
             if not self.policy.per_row_errors:
                 raise
@@ -152,39 +144,27 @@ class Job:
 
     def run_range(self, start: int, stop: int, cancelled: Callable[[], bool] = bool) -> None:
         """Compute and store rows ``start:stop`` in this thread, a block at a time."""
-        with self.rows.seeded_run():
-            self._run_range(start, stop, cancelled)
-
-    def _run_range(self, start: int, stop: int, cancelled: Callable[[], bool]) -> None:
         sink, i = self.sink, start
-        while i < stop and not cancelled():
-            if sink.output is None:
-                self.check_deadline()  # the first row fixes the output's shape
-                if (result := self.outcome(i)) is not FAILED:
-                    sink.store(i, result)
-                i += 1
-                sink.advance(1)
-                continue
-            end = min(stop, i + BLOCK)
-            timed = self.timeout is not None
-            if not timed and not self.policy.per_row_errors:
-                sink.output.write_block(i, self.compute_block(i, end))
+        # without a deadline to check or a row's error to keep, a block is one loop
+        fast = self.timeout is None and not self.policy.per_row_errors
+        with self.rows.seeded_run():
+            while i < stop and not cancelled():
+                if sink.output is None:  # the first row fixes the output's shape
+                    if (result := self.outcome(i)) is not FAILED:
+                        sink.store(i, result)
+                    i += 1
+                    sink.advance(1)
+                    continue
+                end = min(stop, i + BLOCK)
+                results = self.compute(i, end) if fast else [self.outcome(j) for j in range(i, end)]
+                if not fast and any(r is FAILED for r in results):
+                    for j, r in enumerate(results, start=i):
+                        if r is not FAILED:
+                            sink.output.write(j, r)
+                else:
+                    sink.output.write_block(i, results)
                 sink.advance(end - i)
                 i = end
-                continue
-            results = []
-            for j in range(i, end):
-                if timed:
-                    self.check_deadline()  # per row: a slow row cannot hide a block's worth
-                results.append(self.outcome(j))
-            if any(r is FAILED for r in results):
-                for j, r in enumerate(results, start=i):
-                    if r is not FAILED:
-                        sink.output.write(j, r)
-            else:
-                sink.output.write_block(i, results)
-            sink.advance(end - i)
-            i = end
 
 
 def _row_error(i: int, exc: Exception) -> RowError:

@@ -26,7 +26,7 @@ from ..errors import ConfigError, WorkerCrashed
 from . import _batch_worker, _fdpipe, _spawn
 from . import _messages as m
 from ._context import Context, Follower
-from ._handles import Worker
+from ._handles import Worker, how_it_ended
 from ._shapes import FUNCTIONS, Known
 from ._ticket import Call, Load, Part, Ticket
 from ._transport import pickle_fn
@@ -70,13 +70,11 @@ class Lane:
         unit, conn = ticket.unit, self.worker.conn
         key = unit.key
         if self.context is not context:
-            _fdpipe.send(conn, m.Follow(context))
+            _fdpipe.send(conn, context)
             self.context = context
         if key not in self.keys:
             _fdpipe.send(conn, m.Function(key, blob(key)))
-            self.keys[key] = None
-            while len(self.keys) > _batch_worker.KEEP:  # the worker forgets its oldest
-                del self.keys[next(iter(self.keys))]
+            keep_newest(self.keys, key, None, _batch_worker.KEEP)  # as the worker keeps them
         ticket.lane, ticket.seq = self, seq
         if isinstance(unit, Call):
             _fdpipe.send(conn, m.Call(seq, key, unit.args))
@@ -174,12 +172,10 @@ class Lanes:
         self.follower = Follower()  # the caller's directory and environment
 
     def new_worker(self) -> Worker:
-        if self.fork and _spawn.fork_is_safe():
-            ctx = _spawn.fork_context()
-        else:
+        fork = self.fork and _spawn.fork_is_safe()
+        if not fork:
             _spawn.ensure_server()
-            ctx = _spawn.context()
-        return Worker(ctx, self.threads)
+        return Worker(_spawn.context(fork), self.threads)
 
     def ensure_started(self) -> list[Lane]:
         """Every lane, a live worker in each (call it holding :attr:`lock`)."""
@@ -208,9 +204,10 @@ class Lanes:
 
     def lost(self, lane: Lane) -> None:
         """The lane's worker died: its current unit fails, the others go to a new one."""
-        w = lane.worker
-        how = w.how_it_died()
-        self._fail_head(lane, lambda head: head.worker_died(w.proc.pid, how, w.proc.exitcode))
+        proc = lane.worker.proc
+        proc.join(1)
+        how = how_it_ended(proc.exitcode)
+        self._fail_head(lane, lambda head: head.worker_died(proc.pid, how, proc.exitcode))
 
     def timed_out(self, lane: Lane) -> None:
         what_now = (

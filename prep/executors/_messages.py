@@ -2,7 +2,7 @@
 names its ``_CallItem`` and ``_ResultItem``: never a tuple read by index.
 
     parent ──▶ worker                         worker ──▶ parent
-    Follow(context)     cwd and environment   Reply(seq, started, ended, outcome)
+    Context(cwd, env)   cwd and environment   Reply(seq, started, ended, outcome)
     Function(key, blob) a row function        outcome: Done(start, stop)     rows written
     Build(seq, key, rows, policy, into)                Chunk(start, stop, output, failed)
     Call(seq, key, args)                               Returned(value)   a call's value
@@ -21,12 +21,6 @@ from typing import Any, NamedTuple
 #: what a failure is: a row's error, a result that cannot be stored, a function the
 #: worker could not load, or a call unit's exception
 ERROR, BAD_RESULT, LOAD_ERROR, CALL_ERROR = "error", "bad-result", "load-error", "call-error"
-
-
-class Follow(NamedTuple):
-    """The caller's directory and environment variables, as they are now."""
-
-    context: Any
 
 
 class Function(NamedTuple):
@@ -131,7 +125,6 @@ __all__ = [
     "Close",
     "Done",
     "Failure",
-    "Follow",
     "Function",
     "Load",
     "Loaded",

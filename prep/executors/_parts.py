@@ -26,14 +26,15 @@ from typing import Any, Protocol
 
 from ..core.output import Output
 from ..errors import StackError, WorkerCrashed
-from ._base import copy_rows, split
-from ._chunks import gather
+from ._base import copy_rows, first_error, split
+from ._chunks import ChunkMerge
 from ._fdpipe import INLINE
 from ._handles import how_it_ended
 from ._isolation import Isolation
 from ._job import Job
+from ._messages import Chunk
 from ._shapes import Known
-from ._ticket import Part, Ticket, Unit
+from ._ticket import Part, Ticket, Unit, abandon
 from ._transport import check_shm
 
 __all__ = ["Engine", "Parts"]
@@ -86,21 +87,50 @@ class Parts:
             [Part(key, job.rows, job.policy, left, b, self.into, job.timeout) for b in bounds]
         )
 
-    def _crashed(self, ticket: Ticket, exc: WorkerCrashed) -> list[Ticket] | None:
-        """Under fill/skip, the rows of a part whose worker died, again, each alone."""
-        if not (ticket.crashed and self.job.policy.per_row_errors):
-            return None
-        lost = self._isolation.lost(
-            ticket.bounds(), f"worker pid {exc.pid}", how_it_ended(exc.exitcode)
-        )
-        return self._submit(lost)
+    def _gather(self) -> None:
+        """Wait for the parts, in row order: each merged into ``job.sink`` (or, given
+        ``into``, already written there), the progress bar advanced; once every part is
+        back, the lowest row's error raised (serial's first). Under fill/skip the rows of
+        a part whose worker died run again, each alone (``_isolation``). The parts still
+        out are abandoned on Ctrl-C while waiting."""
+        job, into, pending = self.job, self.into, list(self.tickets)
+        merge = ChunkMerge(job) if into is None else None
+        errors: list[BaseException] = []
+        try:
+            while pending:
+                ticket = pending.pop(0)
+                try:
+                    ticket.result()
+                except WorkerCrashed as exc:
+                    if ticket.crashed and job.policy.per_row_errors:  # its rows again, alone
+                        how = how_it_ended(exc.exitcode)
+                        lost = self._isolation.lost(ticket.bounds(), f"worker pid {exc.pid}", how)
+                        pending += self._submit(lost)
+                        continue
+                    errors.append(exc)
+                except Exception as exc:  # a row's, the deadline's: the lowest row's wins
+                    errors.append(exc)
+                else:
+                    if merge is not None:
+                        assert isinstance(ticket.reply, Chunk), "a part resolved has its chunk"
+                        merge.take(ticket.reply, errors)
+                ticket.reply = None  # its chunk's shared memory goes once merged
+                start, stop = ticket.bounds()
+                job.sink.advance(stop - start)
+        except BaseException:  # Ctrl-C while waiting: the parts still out are dropped
+            abandon(pending)  # their workers freed (``Ticket``)
+            raise
+        if errors:
+            raise first_error(errors)
+        if into is not None and job.sink.output is None:
+            job.sink.adopt(into)
 
     def result(self) -> Output | None:
         """The batch's output once every part is back (None: every row failed under
         fill/skip); the lowest row's error raised, as serial meets it first."""
         job, known, layout = self.job, self.known, self.job.rows.layout()
         try:
-            gather(job, list(self.tickets), self.into, self._crashed)
+            self._gather()
         except StackError:
             if self.into is None or self.given is not None:
                 raise
@@ -109,7 +139,7 @@ class Parts:
             known.forget(layout)
             self.into = None
             self.tickets = self._submit(self.bounds)
-            gather(job, list(self.tickets), None, self._crashed)
+            self._gather()
         out = job.sink.output
         if out is None:
             return None

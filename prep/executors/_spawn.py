@@ -107,10 +107,10 @@ def start_method() -> str:
     return method
 
 
-def context() -> Any:
-    """The multiprocessing context workers start from (never fork after CUDA)."""
-    method = start_method()
-    if method == "fork":
+def context(fork: bool = False) -> Any:
+    """The multiprocessing context workers start from (never fork after CUDA); ``fork``:
+    forked from here (where :func:`fork_is_safe` says so), whatever the start method."""
+    if fork or start_method() == "fork":
         if torch.cuda.is_initialized():
             raise ConfigError(
                 "PREP_START_METHOD='fork' after CUDA was initialized would corrupt "
@@ -133,10 +133,6 @@ def fork_is_safe() -> bool:
         and threading.active_count() == 1
         and not torch.cuda.is_initialized()
     )
-
-
-def fork_context() -> Any:
-    return tmp.get_context("fork")
 
 
 @dataclass

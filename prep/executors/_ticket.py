@@ -187,8 +187,7 @@ class Ticket:
         """The rows it holds, in batch row numbers."""
         if isinstance(self.unit, Part):
             return self.unit.bounds
-        n = len(self.rows) if self.rows is not None else 0
-        return (0, n)
+        return (0, len(self.rows or ()))
 
     def describe(self) -> str:
         """What it holds, for an error: "the batch of 64 rows", or "rows 32-63 of a batch"."""
@@ -215,8 +214,9 @@ class Ticket:
     def timed_out(self, what_now: str) -> BatchTimeout:
         unit = self.unit
         limit = unit.limit if isinstance(unit, Part) and unit.limit is not None else unit.timeout
-        what = self.describe()
-        return BatchTimeout(f"{what} did not finish within timeout={limit} s; {what_now}")
+        return BatchTimeout(
+            f"{self.describe()} did not finish within timeout={limit} s; {what_now}"
+        )
 
 
 def abandon(tickets: list[Ticket]) -> None:
@@ -246,17 +246,16 @@ def value_of(reply: Outcome, fn: Any) -> tuple[Any, BaseException | None]:
             assert isinstance(err, RowError)
             errors[err.row] = err
         return (reply.output, errors), None
-    name, text, tb, blob = reply.name, reply.text, reply.tb, reply.blob
     if reply.kind == CALL_ERROR:
         return None, _worker.call_error(reply)
-    if reply.kind == LOAD_ERROR:
-        err = FunctionLoadError(
-            f"prep's worker processes could not load the row function {describe_fn(fn)} "
-            f"({name}: {text}). Workers start from a fresh interpreter and never run your "
-            f"main script, so what the function needs by name (its module, the modules it "
-            f"imports) must be importable there: install it, or keep it on sys.path; or "
-            f"use executor='threads'"
-        )
-        err.__cause__ = _worker.rebuild(blob, name, text, tb)
-        return None, err
-    return None, _worker.error_from_reply(reply)
+    if reply.kind != LOAD_ERROR:
+        return None, _worker.error_from_reply(reply)
+    err = FunctionLoadError(
+        f"prep's worker processes could not load the row function {describe_fn(fn)} "
+        f"({reply.name}: {reply.text}). Workers start from a fresh interpreter and never run "
+        f"your main script, so what the function needs by name (its module, the modules it "
+        f"imports) must be importable there: install it, or keep it on sys.path; or "
+        f"use executor='threads'"
+    )
+    err.__cause__ = _worker.rebuild(reply.blob, reply.name, reply.text, reply.tb)
+    return None, err

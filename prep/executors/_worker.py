@@ -20,12 +20,13 @@ from typing import Any
 
 import torch
 
+from .._writers import writer_alive
 from ..core.output import Output
 from ..core.policy import RAISE, Policy, ResultCheck
 from ..core.rows import Rows
-from ..errors import PrepError, RemoteTraceback, RowError, SetupError
+from ..errors import PrepError, RemoteTraceback, RowError
 from ._context import OWN, Context, follow
-from ._job import BLOCK, Job
+from ._job import Job
 from ._messages import BAD_RESULT, CALL_ERROR, ERROR, Chunk, Done, Failure
 
 
@@ -36,25 +37,13 @@ def limit_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a killed parent not yet reaped is a zombie: as good as dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _watch_parent(pid: int, every: float = 0.5) -> None:
     """Exit when the main process is gone, even while the row function hangs."""
 
+    since = time.time()  # a process started after this is not the parent: its PID reused
+
     def watch() -> None:
-        while _alive(pid):
+        while writer_alive(pid, since):  # a killed parent not yet reaped is as good as dead
             time.sleep(every)
         os._exit(1)  # releases this worker's shared memory with its file descriptors
 
@@ -127,27 +116,20 @@ def write_rows(
 ) -> Done | Failure:
     """Rows ``start:stop`` into ``out`` a block at a time; :class:`Done`, or the first
     failure (``live``: as :func:`_error` reports it to a thread of this process)."""
-    with rows.seeded_run():
-        return _write_rows(fn, rows, out, start, stop, live)
+    failure = _run(Job.new(fn, rows, out), start, stop, live)
+    return Done(start, stop) if failure is None else failure
 
 
-def _write_rows(
-    fn: Any, rows: Rows, out: Output, start: int, stop: int, live: bool
-) -> Done | Failure:
-    for block in range(start, stop, BLOCK):
-        results = []
-        for i in range(block, min(stop, block + BLOCK)):
-            try:
-                results.append(rows.call(fn, i))
-            except SetupError as exc:  # not the row's fault: raised as it is in the parent
-                return _error(i, exc, BAD_RESULT, live)
-            except Exception as exc:
-                return _error(i, exc, live=live)
-        try:
-            out.write_block(block, results)
-        except Exception as exc:  # a result of the wrong type or shape
-            return _error(getattr(exc, "row", block), exc, BAD_RESULT, live)
-    return Done(start, stop)
+def _run(job: Job, start: int, stop: int, live: bool) -> Failure | None:
+    """``job``'s rows ``start:stop`` run; None, or the first failure as a reply reports it."""
+    try:
+        job.run_range(start, stop)
+    except RowError as err:
+        cause = err.__cause__ if isinstance(err.__cause__, Exception) else err
+        return _error(err.row, cause, live=live)
+    except Exception as exc:  # the worker's setup (not the row's fault), or a bad result
+        return _error(getattr(exc, "row", start), exc, BAD_RESULT, live)
+    return None
 
 
 def error_from_reply(reply: Failure) -> BaseException:
@@ -194,13 +176,8 @@ def run_chunk(
     if isinstance(check, ResultCheck):
         rows = rows.checking(check.fresh())
     job = Job.new(fn, rows.window(start, stop), policy=policy, shared=shared)
-    try:
-        job.run_range(start, stop)
-    except RowError as err:
-        cause = err.__cause__ if isinstance(err.__cause__, Exception) else err
-        return _error(err.row, cause, live=live)
-    except Exception as exc:  # a result of the wrong type or shape
-        return _error(getattr(exc, "row", start), exc, BAD_RESULT, live)
+    if (failure := _run(job, start, stop, live)) is not None:
+        return failure
     failed = [
         _error(i, e.__cause__ if isinstance(e.__cause__, Exception) else e, live=live)
         for i, e in sorted(job.sink.failures.errors.items())

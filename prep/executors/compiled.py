@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from .._kept import keep_newest
 from ..core.identity import key
 from ._base import Traits
 from .vectorized import VmapExecutor, _name, vmap_of
@@ -75,9 +76,7 @@ class CompiledExecutor(VmapExecutor):
         views = [_dynamic(c[:]) for c in columns]
         out = form(*views, **{k: _dynamic(v[:]) for k, v in named.items()})
         with self._lock:
-            self._forms[made] = form
-            while len(self._forms) > FORMS:
-                del self._forms[next(iter(self._forms))]
+            keep_newest(self._forms, made, form, FORMS)
         return out
 
     def close(self) -> None:

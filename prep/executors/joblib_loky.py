@@ -24,7 +24,7 @@ from ..core.output import Output
 from ..core.policy import ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
-from ._base import Executor, Traits, first_error, iter_chunks, threads_per_worker
+from ._base import Executor, Traits, first_error, split, threads_per_worker
 from ._chunks import ChunkMerge
 from ._context import Follower
 from ._isolation import Isolation
@@ -56,7 +56,7 @@ class JoblibExecutor(Executor):
             first += 1
             if job.sink.output is not None:
                 check.seed(job.sink.output)
-        chunks = list(iter_chunks(n, self.workers, per_worker=2, first=first))
+        chunks = split(first, n, self.workers * 2)  # a few per worker: fast ones take up slack
         if chunks and not errors:
             errors = self._run_all(job, chunks)
         if errors:

@@ -64,9 +64,6 @@ class ProcessExecutor(Executor):
 
     # -------------------------------------------------------------- lifecycle
 
-    def close(self) -> None:
-        self.engine.close()
-
     def release(self) -> bool:
         return self.engine.release()
 

@@ -44,9 +44,6 @@ class ThreadExecutor(Executor):
         #: the threads: this executor's batches, and a stream's (``Executor.engine``)
         self.engine = ThreadBatches(self.workers)
 
-    def close(self) -> None:
-        self.engine.close()
-
     def run(self, job: Job) -> Output | None:
         if job.start >= len(job.rows):
             return job.sink.output

@@ -84,10 +84,8 @@ class VectorizedExecutor(Executor):
                     f"{tuple(leaf.shape)} for a batch of {n} rows; it must keep "
                     f"the rows along dim 0"
                 )
-        if job.sink.output is None:
-            return Output(spec, leaves)
-        if job.policy.padding is not None and job.start == 0:
-            return Output(spec, leaves)  # the twin padded the batch itself
+        if job.sink.output is None or (job.policy.padding is not None and job.start == 0):
+            return Output(spec, leaves)  # (with pad=: the twin padded the batch itself)
         # the output exists (out= or earlier rows): check one row's shape like the other
         # executors do, then copy the rest in one go
         out = job.sink.output
