@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from .._imports import load_callable
-from ..core.checks import signature
+from ..core.checks import call_problem
 from ..errors import ConfigError, PrepError, ShardError
 
-__all__ = ["call_mismatch", "load_fn", "module_spec"]
+__all__ = ["call_mismatch", "load_fn", "module_spec", "no_setup"]
 
 
 def load_fn(spec: str, flag: str = "--fn") -> Callable[..., Any]:
@@ -71,6 +71,15 @@ def module_spec(spec: str, flag: str = "--fn") -> str:
     return f"{path.stem}:{name}"
 
 
+def no_setup(spec: str) -> ConfigError:
+    """The error for ``--fn`` that takes ``state=`` where no ``--setup`` gives it."""
+    return ConfigError(
+        f"--fn {spec} takes per-worker state as state=, and no --setup gives it; pass "
+        f"--setup MODULE:FUNCTION, a function that builds the state (called once in each "
+        f"worker)"
+    )
+
+
 def call_mismatch(
     fn: Callable[..., Any],
     spec: str,
@@ -81,16 +90,10 @@ def call_mismatch(
 ) -> PrepError | None:
     """The error for a row call ``fn(**names, **given)`` that cannot bind, or None
     (see the module docstring); ``path`` is the shard the names are from."""
-    sig = signature(fn)
-    if sig is None:
+    problem = call_problem(fn, 0, names, **given)
+    if problem is None:  # it binds, or its signature is unknown
         return None
-    try:
-        sig.bind(**dict.fromkeys(names), **given)
-    except TypeError as exc:
-        problem = str(exc)
-    else:
-        return None
-    params = sig.parameters
+    params = inspect.signature(fn).parameters
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     missing = [
@@ -100,11 +103,7 @@ def call_mismatch(
         and p.name not in given
     ]  # fmt: skip
     if "state" in missing and not setup:
-        return ConfigError(
-            f"--fn {spec} takes per-worker state as state=, and no --setup gives it; pass "
-            f"--setup MODULE:FUNCTION, a function that builds the state (called once in each "
-            f"worker)"
-        )
+        return no_setup(spec)
     unknown = [k for k in given if k not in params and k != "state" and not takes_any]
     if unknown:
         return ConfigError(

@@ -37,7 +37,7 @@ from ..core.policy import ON_ERROR
 from ..core.seeding import mix, takes_rng
 from ..errors import ConfigError, ShardError
 from ..registry import executor_class
-from .calls import call_mismatch, load_fn
+from .calls import call_mismatch, load_fn, no_setup
 from .shards import FORMATS, load_shard
 
 __all__ = ["ROW_ERRORS", "RunConfig", "load_fn"]
@@ -96,17 +96,12 @@ class RunConfig:
         """``--setup`` imported (where the shard runs), or None."""
         return load_fn(self.setup, "--setup") if self.setup else None
 
-    @property
-    def padded(self) -> bool:
-        """Whether rows may differ in size (and lengths are saved)."""
-        return self.pad is not None or self.pad_to is not None
-
     def row_options(self) -> Options:
         """The options of ``map_rows`` for the row-level options (the defaults but
         ``device``, by default), with what each shard saves asked back: lengths under
         ``--pad``, the valid mask and errors under ``--on-row-error fill|skip``."""
         given: dict[str, Any] = {}
-        if self.padded:
+        if self.pad is not None or self.pad_to is not None:  # rows may differ in size
             given.update(pad=self.pad, pad_to=self.pad_to, return_lengths=True)
         if self.on_row_error != "raise":
             given.update(
@@ -213,11 +208,7 @@ class RunConfig:
             problem = call_problem(fn, len(self.columns), **given)
             call = ", ".join([*self.columns, *(f"{k}=..." for k in given)])
             if problem is not None and "'state'" in problem and not self.setup:
-                raise ConfigError(
-                    f"--fn {self.fn} takes per-worker state as state=, and no --setup gives "
-                    f"it; pass --setup MODULE:FUNCTION, a function that builds the state "
-                    f"(called once in each worker)"
-                )
+                raise no_setup(self.fn)
         else:
             problem = _unknown_args(fn, given)
             call = ", ".join(["<columns>", *(f"{k}=..." for k in given)])
