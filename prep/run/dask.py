@@ -45,11 +45,6 @@ _CLOSE_LOST = 2
 _COMMS = "distributed.batched"
 
 
-def _dask_loggers() -> list[str]:
-    found = logging.root.manager.loggerDict
-    return [n for n in found if n == "distributed" or n.startswith("distributed.")]
-
-
 def _mute(names: list[str], level: int) -> dict[str, int]:
     """Raise each logger in ``names`` to ``level``; returns their levels before."""
     before = {}
@@ -140,7 +135,10 @@ class DaskBackend:
             self.lost = True
             # the client's reconnecting, and its end when closed, would log tracebacks and
             # "failed to reconnect after 15 s" under the run's one line: muted until closed
-            for name, level in _mute(_dask_loggers(), logging.CRITICAL).items():
+            loggers = [
+                n for n in logging.root.manager.loggerDict if n.split(".")[0] == "distributed"
+            ]
+            for name, level in _mute(loggers, logging.CRITICAL).items():
                 self._muted.setdefault(name, level)  # the level before any muting
         return ClusterLost(
             f"lost the Dask scheduler at --cluster {self.address} in the middle of the run; "
