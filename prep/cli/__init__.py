@@ -113,13 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"prep {ns.command}"
     try:
         return COMMANDS[ns.command].handle(ns)
-    except PrepError as exc:
+    # an OSError: e.g. the disk under --out filled up while the manifest was written
+    except (PrepError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         # ConfigError (UsageError among them) is a ValueError: bad arguments, like argparse's
-        code = 2 if isinstance(exc, ValueError) else 1
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return code
-    except OSError as exc:  # e.g. the disk under --out filled up while the manifest was written
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt as exc:
         return 143 if isinstance(exc, Terminated) else 130
