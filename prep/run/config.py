@@ -74,19 +74,15 @@ class RunConfig:
         the row-level options only where they differ from the defaults (nan as "nan")."""
         columns = list(self.columns) if self.columns is not None else None
         found: dict[str, Any] = {"fn": self.fn, "args": dict(self.args), "columns": columns}
-        if self.setup:  # the state it used made the output too
-            found["setup"] = self.setup
-        if self.pad is not None:
-            found["pad"] = _json_number(self.pad)
-        if self.pad_to is not None:
-            found["pad_to"] = list(self.pad_to)
-        if self.on_row_error != "raise":
-            found["on_row_error"] = self.on_row_error
-        if self.fill is not None:
-            found["fill"] = _json_number(self.fill)
-        if self.seed is not None:
-            found["seed"] = self.seed
-        return found
+        optional = {
+            "setup": self.setup or None,  # the state it used made the output too
+            "pad": _json_number(self.pad),
+            "pad_to": list(self.pad_to) if self.pad_to is not None else None,
+            "on_row_error": self.on_row_error if self.on_row_error != "raise" else None,
+            "fill": _json_number(self.fill),
+            "seed": self.seed,
+        }
+        return found | {k: v for k, v in optional.items() if v is not None}
 
     def bound_fn(self) -> Callable[..., Any]:
         """``--fn`` with ``args`` bound; cached, so a worker imports it once."""
@@ -130,15 +126,13 @@ class RunConfig:
 
     def row_flags(self) -> str:
         """The row-level options as the flags that set them (for ``--explain``)."""
-        parts = []
-        if self.pad is not None:
-            parts.append(f"--pad {self.pad}")
-        if self.pad_to is not None:
-            parts.append(f"--pad-to {','.join(map(str, self.pad_to))}")
-        parts.append(f"--on-row-error {self.on_row_error}")
-        if self.fill is not None:
-            parts.append(f"--fill {self.fill}")
-        return " ".join(parts)
+        flags = {
+            "--pad": self.pad,
+            "--pad-to": ",".join(map(str, self.pad_to)) if self.pad_to is not None else None,
+            "--on-row-error": self.on_row_error,
+            "--fill": self.fill,
+        }
+        return " ".join(f"{flag} {value}" for flag, value in flags.items() if value is not None)
 
     # ------------------------------------------------------------ checked before any shard
 
@@ -261,7 +255,7 @@ def _bound_cached(spec: str, args: tuple[tuple[str, Any], ...]) -> Callable[...,
     return functools.partial(fn, **dict(args)) if args else fn
 
 
-def _json_number(value: bool | int | float) -> bool | int | float | str:
+def _json_number(value: bool | int | float | None) -> bool | int | float | str | None:
     # JSON has no nan or inf (json.dumps would write a bare NaN that other readers
     # refuse, and nan != nan would make --resume redo the shard forever)
     if isinstance(value, float) and not math.isfinite(value):

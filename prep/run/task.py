@@ -286,18 +286,18 @@ def _map(
             pool = SHARED.pool(config.executor, config.workers, config.setup_fn())
         step = slice_rows(batch, rows)
         if traits_of(pool.executor).per_row or not options.policy.plain or step >= rows:
-            return pool.run(fn, rows_of(batch), options), ran_with(pool, config.executor)
+            return pool.run(fn, rows_of(batch), options), ran_with(pool)
         # the first slice shows the output; the others are written into it in place
         first = pool.run(fn, rows_of(each(batch, itemgetter(slice(step)))), options)
         if not all(isinstance(t, Tensor) for t in leaves(first)):  # _outputs says why
-            return first, ran_with(pool, config.executor)
+            return first, ran_with(pool)
         out = each(first, lambda t: t.new_empty((rows, *t.shape[1:])))
         for whole, head in zip(leaves(out), leaves(first)):
             whole[:step].copy_(head)
         for start in range(step, rows, step):
             part = itemgetter(slice(start, min(rows, start + step)))
             pool.run(fn, rows_of(each(batch, part)), options.with_(out=each(out, part)))
-        return out, ran_with(pool, config.executor)
+        return out, ran_with(pool)
     except RowError as exc:
         if config.on_row_error == "raise":
             raise
@@ -330,7 +330,7 @@ def each(x: Any, f: Callable[[Tensor], Tensor]) -> Any:
     return f(x)
 
 
-def ran_with(pool: Pool, asked: str) -> dict[str, str]:
+def ran_with(pool: Pool) -> dict[str, str]:
     """``{"executor": what ran the rows}``, with ``"executor_asked": "auto"`` where auto
     chose it (its latest choice for the function: a shard's rows all run with one)."""
     if pool.executor != "auto":
@@ -346,10 +346,7 @@ def _outputs(result: Any, config: RunConfig) -> tuple[dict[str, Tensor], dict[st
     tensors = _named(out, config.fn)
     if lengths is not None:
         tensors = with_lengths(tensors, _named(lengths, config.fn))
-    if valid is None:
-        return tensors, {}
-    failed, row_errors = failed_rows(valid, errors)
-    return tensors, {"failed_rows": failed, "row_errors": row_errors}
+    return tensors, failed_rows(valid, errors) if valid is not None else {}
 
 
 def _stat(path: Path) -> tuple[int, int]:
