@@ -30,20 +30,16 @@ from .._imports import load_callable
 from ..core.checks import call_problem
 from ..errors import ConfigError, PrepError, ShardError
 
-__all__ = ["call_mismatch", "load_fn", "module_spec", "no_setup"]
+__all__ = ["call_mismatch", "load_fn", "no_setup"]
 
 
 def load_fn(spec: str, flag: str = "--fn") -> Callable[..., Any]:
-    """Import ``module:function`` or ``path/to/file.py:function`` for ``flag``."""
-    return load_callable(module_spec(spec, flag), flag)
-
-
-def module_spec(spec: str, flag: str = "--fn") -> str:
-    """``spec`` as ``module:function``: a ``.py`` path's folder is put on ``sys.path``
-    (once) and the file is named by its module name; other specs pass unchanged."""
+    """Import ``module:function`` or ``path/to/file.py:function`` for ``flag``: a ``.py``
+    path's folder is put on ``sys.path`` (once) and the file is imported by its module
+    name."""
     module, sep, name = spec.partition(":")
     if not sep or not (module.endswith(".py") or "/" in module or os.sep in module):
-        return spec
+        return load_callable(spec, flag)
     path = Path(module)
     example = f"{flag} {path.stem if path.suffix == '.py' else 'mymodule'}:{name or 'fn'}"
     if path.suffix != ".py" or not path.is_file():
@@ -68,7 +64,7 @@ def module_spec(spec: str, flag: str = "--fn") -> str:
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    return f"{path.stem}:{name}"
+    return load_callable(f"{path.stem}:{name}", flag)
 
 
 def no_setup(spec: str) -> ConfigError:

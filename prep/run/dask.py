@@ -24,6 +24,8 @@ import shutil
 import tempfile
 from typing import Any
 
+import torch
+
 from ..errors import ClusterLost, ConfigError
 from ..executors import available_cores, threads_per_worker
 from .task import ShardTask, run_shard
@@ -53,12 +55,6 @@ def _mute(names: list[str], level: int) -> dict[str, int]:
         before[name] = logger.level
         logger.setLevel(max(level, logger.level))
     return before
-
-
-def _set_threads(n: int) -> None:
-    import torch
-
-    torch.set_num_threads(n)
 
 
 class DaskBackend:
@@ -93,7 +89,7 @@ class DaskBackend:
                 )
             self.client: Any = Client(self._cluster)
             # n workers x torch's default (all cores) would oversubscribe the machine
-            self.client.run(_set_threads, threads_per_worker(n))
+            self.client.run(torch.set_num_threads, threads_per_worker(n))
         else:
             try:
                 self.client = Client(address, timeout=15)
