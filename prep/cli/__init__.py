@@ -93,19 +93,14 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def parser() -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code (see the module docstring)."""
     top = argparse.ArgumentParser(
         prog="prep", description="Preprocess tensors with a per-row function, fast and safely."
     )
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in COMMANDS.items():
         command.configure(sub.add_parser(name, help=command.help, description=command.help))
-    return top
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns its exit code (see the module docstring)."""
-    top = parser()
     try:
         ns = top.parse_args(argv)
     except SystemExit as exc:  # --help, or argparse's usage error

@@ -222,8 +222,7 @@ class RunConfig:
         if self.columns is not None:
             return
         try:
-            names = list(load_shard(path, trust_pickle=self.trust_pickle))
-            self.check_call(names, path)
+            self.check_call(list(load_shard(path, trust_pickle=self.trust_pickle)), path)
         except ShardError:
             if shard_errors:
                 raise

@@ -275,10 +275,9 @@ class Driver:
     def _release_held(self) -> bool:
         """Once nothing is in flight: the 0-row shards again with a layout (True), or each
         failed with its one line where no shard was done to show one."""
-        held, self.held = self.held, []
-        if not held or self.stopping:
-            self.held = held
+        if not self.held or self.stopping:
             return False
+        held, self.held = self.held, []
         layout = self._layout()
         if layout is not None:
             self.todo.extend(dataclasses.replace(t, layout=layout) for t, _ in held)
