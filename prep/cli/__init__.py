@@ -93,19 +93,14 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def parser() -> argparse.ArgumentParser:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code (see the module docstring)."""
     top = argparse.ArgumentParser(
         prog="prep", description="Preprocess tensors with a per-row function, fast and safely."
     )
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in COMMANDS.items():
         command.configure(sub.add_parser(name, help=command.help, description=command.help))
-    return top
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns its exit code (see the module docstring)."""
-    top = parser()
     try:
         ns = top.parse_args(argv)
     except SystemExit as exc:  # --help, or argparse's usage error
@@ -113,13 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"prep {ns.command}"
     try:
         return COMMANDS[ns.command].handle(ns)
-    except PrepError as exc:
+    # an OSError: e.g. the disk under --out filled up while the manifest was written
+    except (PrepError, OSError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         # ConfigError (UsageError among them) is a ValueError: bad arguments, like argparse's
-        code = 2 if isinstance(exc, ValueError) else 1
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return code
-    except OSError as exc:  # e.g. the disk under --out filled up while the manifest was written
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ValueError) else 1
     except KeyboardInterrupt as exc:
         return 143 if isinstance(exc, Terminated) else 130

@@ -57,13 +57,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(ns: argparse.Namespace) -> int:
     fn = load_callable(ns.fn, "--fn")
     factory = load_callable(ns.batch, "--batch")
-    given = {
-        "rows": ns.rows,
-        "workers": ns.workers,
-        "repeat": ns.repeat,
-        "executors": ns.executors,
-        "timeout": ns.timeout,
-    }
+    given = {k: getattr(ns, k) for k in ("rows", "workers", "repeat", "executors", "timeout")}
     race = Race(peers=ns.peers, **{k: v for k, v in given.items() if v is not None})
     print(
         f"prep bench: {ns.fn} on {', '.join(race.variants())}; rows {race.rows}, "

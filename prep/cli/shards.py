@@ -4,6 +4,7 @@ them); the handlers only build a :class:`~prep.run.RunConfig` and call :mod:`pre
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -201,57 +202,41 @@ def run(ns: argparse.Namespace) -> int:
     dupes = sorted({k for k in keys if keys.count(k) > 1})
     if dupes:
         raise UsageError(f"--arg {', '.join(dupes)} given more than once")
-    config = RunConfig(
-        fn=ns.fn,
-        args=dict(ns.arg),
-        columns=ns.columns,
-        executor=ns.executor,
-        workers=ns.workers,
-        device=ns.device,
-        format=ns.format,
-        trust_pickle=ns.trust_pickle,
-        pad=ns.pad,
-        pad_to=ns.pad_to,
-        on_row_error=ns.on_row_error,
-        fill=ns.fill,
-        setup=ns.setup,
-        seed=ns.seed,
-    )
+    # every field but args is the flag of the same name
+    given = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunConfig) if f.name != "args"}
+    config = RunConfig(args=dict(ns.arg), **given)
     if ns.fill is not None and ns.on_row_error != "fill":
         raise UsageError(f"--fill {ns.fill} is for --on-row-error fill; pass that too")
     with warnings.catch_warnings():
         # map_rows warns once a shard about its failed rows; the run reports them itself
         warnings.filterwarnings("ignore", r"\d+ of \d+ rows failed", RuntimeWarning)
-        return _explain(ns, config) if ns.explain else _run_all(ns, config)
+        try:
+            return _explain(ns, config) if ns.explain else _run_all(ns, config)
+        finally:
+            shutdown()  # warm row pools: no worker process outlives the command
 
 
 def _explain(ns: argparse.Namespace, config: RunConfig) -> int:
-    try:
-        if ns.cluster is not None:
-            print(explain_cluster(ns.inputs, config, ns.cluster, ns.jobs))
-        else:
-            print(explain_run(ns.inputs, config, ns.parallel, ns.jobs))
-    finally:
-        shutdown()
+    if ns.cluster is not None:
+        print(explain_cluster(ns.inputs, config, ns.cluster, ns.jobs))
+    else:
+        print(explain_run(ns.inputs, config, ns.parallel, ns.jobs))
     return 0
 
 
 def _run_all(ns: argparse.Namespace, config: RunConfig) -> int:
-    try:
-        with sigterm_raises():
-            summary = run_shards(
-                ns.inputs,
-                ns.out,
-                config,
-                jobs=ns.jobs,
-                on_error=ns.on_error,
-                resume=ns.resume,
-                cluster=ns.cluster,
-                progress=ShardProgress(quiet=ns.quiet),
-                parallel=ns.parallel,
-            )
-    finally:
-        shutdown()  # warm row pools: no worker process outlives the command
+    with sigterm_raises():
+        summary = run_shards(
+            ns.inputs,
+            ns.out,
+            config,
+            jobs=ns.jobs,
+            on_error=ns.on_error,
+            resume=ns.resume,
+            cluster=ns.cluster,
+            progress=ShardProgress(quiet=ns.quiet),
+            parallel=ns.parallel,
+        )
     return summary.exit_code
 
 

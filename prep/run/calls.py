@@ -27,23 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from .._imports import load_callable
-from ..core.checks import signature
+from ..core.checks import call_problem
 from ..errors import ConfigError, PrepError, ShardError
 
-__all__ = ["call_mismatch", "load_fn", "module_spec"]
+__all__ = ["call_mismatch", "load_fn", "no_setup"]
 
 
 def load_fn(spec: str, flag: str = "--fn") -> Callable[..., Any]:
-    """Import ``module:function`` or ``path/to/file.py:function`` for ``flag``."""
-    return load_callable(module_spec(spec, flag), flag)
-
-
-def module_spec(spec: str, flag: str = "--fn") -> str:
-    """``spec`` as ``module:function``: a ``.py`` path's folder is put on ``sys.path``
-    (once) and the file is named by its module name; other specs pass unchanged."""
+    """Import ``module:function`` or ``path/to/file.py:function`` for ``flag``: a ``.py``
+    path's folder is put on ``sys.path`` (once) and the file is imported by its module
+    name."""
     module, sep, name = spec.partition(":")
     if not sep or not (module.endswith(".py") or "/" in module or os.sep in module):
-        return spec
+        return load_callable(spec, flag)
     path = Path(module)
     example = f"{flag} {path.stem if path.suffix == '.py' else 'mymodule'}:{name or 'fn'}"
     if path.suffix != ".py" or not path.is_file():
@@ -68,7 +64,16 @@ def module_spec(spec: str, flag: str = "--fn") -> str:
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    return f"{path.stem}:{name}"
+    return load_callable(f"{path.stem}:{name}", flag)
+
+
+def no_setup(spec: str) -> ConfigError:
+    """The error for ``--fn`` that takes ``state=`` where no ``--setup`` gives it."""
+    return ConfigError(
+        f"--fn {spec} takes per-worker state as state=, and no --setup gives it; pass "
+        f"--setup MODULE:FUNCTION, a function that builds the state (called once in each "
+        f"worker)"
+    )
 
 
 def call_mismatch(
@@ -81,16 +86,10 @@ def call_mismatch(
 ) -> PrepError | None:
     """The error for a row call ``fn(**names, **given)`` that cannot bind, or None
     (see the module docstring); ``path`` is the shard the names are from."""
-    sig = signature(fn)
-    if sig is None:
+    problem = call_problem(fn, 0, names, **given)
+    if problem is None:  # it binds, or its signature is unknown
         return None
-    try:
-        sig.bind(**dict.fromkeys(names), **given)
-    except TypeError as exc:
-        problem = str(exc)
-    else:
-        return None
-    params = sig.parameters
+    params = inspect.signature(fn).parameters
     keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     missing = [
@@ -100,11 +99,7 @@ def call_mismatch(
         and p.name not in given
     ]  # fmt: skip
     if "state" in missing and not setup:
-        return ConfigError(
-            f"--fn {spec} takes per-worker state as state=, and no --setup gives it; pass "
-            f"--setup MODULE:FUNCTION, a function that builds the state (called once in each "
-            f"worker)"
-        )
+        return no_setup(spec)
     unknown = [k for k in given if k not in params and k != "state" and not takes_any]
     if unknown:
         return ConfigError(

@@ -37,7 +37,7 @@ from ..core.policy import ON_ERROR
 from ..core.seeding import mix, takes_rng
 from ..errors import ConfigError, ShardError
 from ..registry import executor_class
-from .calls import call_mismatch, load_fn
+from .calls import call_mismatch, load_fn, no_setup
 from .shards import FORMATS, load_shard
 
 __all__ = ["ROW_ERRORS", "RunConfig", "load_fn"]
@@ -74,19 +74,15 @@ class RunConfig:
         the row-level options only where they differ from the defaults (nan as "nan")."""
         columns = list(self.columns) if self.columns is not None else None
         found: dict[str, Any] = {"fn": self.fn, "args": dict(self.args), "columns": columns}
-        if self.setup:  # the state it used made the output too
-            found["setup"] = self.setup
-        if self.pad is not None:
-            found["pad"] = _json_number(self.pad)
-        if self.pad_to is not None:
-            found["pad_to"] = list(self.pad_to)
-        if self.on_row_error != "raise":
-            found["on_row_error"] = self.on_row_error
-        if self.fill is not None:
-            found["fill"] = _json_number(self.fill)
-        if self.seed is not None:
-            found["seed"] = self.seed
-        return found
+        optional = {
+            "setup": self.setup or None,  # the state it used made the output too
+            "pad": _json_number(self.pad),
+            "pad_to": list(self.pad_to) if self.pad_to is not None else None,
+            "on_row_error": self.on_row_error if self.on_row_error != "raise" else None,
+            "fill": _json_number(self.fill),
+            "seed": self.seed,
+        }
+        return found | {k: v for k, v in optional.items() if v is not None}
 
     def bound_fn(self) -> Callable[..., Any]:
         """``--fn`` with ``args`` bound; cached, so a worker imports it once."""
@@ -96,17 +92,12 @@ class RunConfig:
         """``--setup`` imported (where the shard runs), or None."""
         return load_fn(self.setup, "--setup") if self.setup else None
 
-    @property
-    def padded(self) -> bool:
-        """Whether rows may differ in size (and lengths are saved)."""
-        return self.pad is not None or self.pad_to is not None
-
     def row_options(self) -> Options:
         """The options of ``map_rows`` for the row-level options (the defaults but
         ``device``, by default), with what each shard saves asked back: lengths under
         ``--pad``, the valid mask and errors under ``--on-row-error fill|skip``."""
         given: dict[str, Any] = {}
-        if self.padded:
+        if self.pad is not None or self.pad_to is not None:  # rows may differ in size
             given.update(pad=self.pad, pad_to=self.pad_to, return_lengths=True)
         if self.on_row_error != "raise":
             given.update(
@@ -135,15 +126,13 @@ class RunConfig:
 
     def row_flags(self) -> str:
         """The row-level options as the flags that set them (for ``--explain``)."""
-        parts = []
-        if self.pad is not None:
-            parts.append(f"--pad {self.pad}")
-        if self.pad_to is not None:
-            parts.append(f"--pad-to {','.join(map(str, self.pad_to))}")
-        parts.append(f"--on-row-error {self.on_row_error}")
-        if self.fill is not None:
-            parts.append(f"--fill {self.fill}")
-        return " ".join(parts)
+        flags = {
+            "--pad": self.pad,
+            "--pad-to": ",".join(map(str, self.pad_to)) if self.pad_to is not None else None,
+            "--on-row-error": self.on_row_error,
+            "--fill": self.fill,
+        }
+        return " ".join(f"{flag} {value}" for flag, value in flags.items() if value is not None)
 
     # ------------------------------------------------------------ checked before any shard
 
@@ -213,11 +202,7 @@ class RunConfig:
             problem = call_problem(fn, len(self.columns), **given)
             call = ", ".join([*self.columns, *(f"{k}=..." for k in given)])
             if problem is not None and "'state'" in problem and not self.setup:
-                raise ConfigError(
-                    f"--fn {self.fn} takes per-worker state as state=, and no --setup gives "
-                    f"it; pass --setup MODULE:FUNCTION, a function that builds the state "
-                    f"(called once in each worker)"
-                )
+                raise no_setup(self.fn)
         else:
             problem = _unknown_args(fn, given)
             call = ", ".join(["<columns>", *(f"{k}=..." for k in given)])
@@ -237,8 +222,7 @@ class RunConfig:
         if self.columns is not None:
             return
         try:
-            names = list(load_shard(path, trust_pickle=self.trust_pickle))
-            self.check_call(names, path)
+            self.check_call(list(load_shard(path, trust_pickle=self.trust_pickle)), path)
         except ShardError:
             if shard_errors:
                 raise
@@ -270,7 +254,7 @@ def _bound_cached(spec: str, args: tuple[tuple[str, Any], ...]) -> Callable[...,
     return functools.partial(fn, **dict(args)) if args else fn
 
 
-def _json_number(value: bool | int | float) -> bool | int | float | str:
+def _json_number(value: bool | int | float | None) -> bool | int | float | str | None:
     # JSON has no nan or inf (json.dumps would write a bare NaN that other readers
     # refuse, and nan != nan would make --resume redo the shard forever)
     if isinstance(value, float) and not math.isfinite(value):

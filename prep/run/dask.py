@@ -24,6 +24,8 @@ import shutil
 import tempfile
 from typing import Any
 
+import torch
+
 from ..errors import ClusterLost, ConfigError
 from ..executors import available_cores, threads_per_worker
 from .task import ShardTask, run_shard
@@ -45,11 +47,6 @@ _CLOSE_LOST = 2
 _COMMS = "distributed.batched"
 
 
-def _dask_loggers() -> list[str]:
-    found = logging.root.manager.loggerDict
-    return [n for n in found if n == "distributed" or n.startswith("distributed.")]
-
-
 def _mute(names: list[str], level: int) -> dict[str, int]:
     """Raise each logger in ``names`` to ``level``; returns their levels before."""
     before = {}
@@ -58,12 +55,6 @@ def _mute(names: list[str], level: int) -> dict[str, int]:
         before[name] = logger.level
         logger.setLevel(max(level, logger.level))
     return before
-
-
-def _set_threads(n: int) -> None:
-    import torch
-
-    torch.set_num_threads(n)
 
 
 class DaskBackend:
@@ -98,7 +89,7 @@ class DaskBackend:
                 )
             self.client: Any = Client(self._cluster)
             # n workers x torch's default (all cores) would oversubscribe the machine
-            self.client.run(_set_threads, threads_per_worker(n))
+            self.client.run(torch.set_num_threads, threads_per_worker(n))
         else:
             try:
                 self.client = Client(address, timeout=15)
@@ -140,7 +131,10 @@ class DaskBackend:
             self.lost = True
             # the client's reconnecting, and its end when closed, would log tracebacks and
             # "failed to reconnect after 15 s" under the run's one line: muted until closed
-            for name, level in _mute(_dask_loggers(), logging.CRITICAL).items():
+            loggers = [
+                n for n in logging.root.manager.loggerDict if n.split(".")[0] == "distributed"
+            ]
+            for name, level in _mute(loggers, logging.CRITICAL).items():
                 self._muted.setdefault(name, level)  # the level before any muting
         return ClusterLost(
             f"lost the Dask scheduler at --cluster {self.address} in the middle of the run; "

@@ -144,7 +144,7 @@ class Driver:
     def run(self) -> None:
         """Keep ``backend.slots`` tasks in flight; record each result as it lands."""
         while True:
-            while not self.halted() and (tasks := self._next()):
+            while not (self.stopping or self.paused) and (tasks := self._next()):
                 self.backend.submit(tasks, self.done)
                 self.in_flight += len(tasks)
                 self.summary.abandoned = self.in_flight
@@ -208,10 +208,6 @@ class Driver:
             self.manifest.add(outcome)
             if "layout" in outcome:
                 self.layouts[task.source.rel] = outcome["layout"]
-
-    def halted(self) -> bool:
-        """Whether no shard may start now."""
-        return self.stopping or self.paused
 
     def commit(self) -> None:
         """Commit what is held, after the commit running (if any), and wait for both."""
@@ -279,10 +275,9 @@ class Driver:
     def _release_held(self) -> bool:
         """Once nothing is in flight: the 0-row shards again with a layout (True), or each
         failed with its one line where no shard was done to show one."""
-        held, self.held = self.held, []
-        if not held or self.stopping:
-            self.held = held
+        if not self.held or self.stopping:
             return False
+        held, self.held = self.held, []
         layout = self._layout()
         if layout is not None:
             self.todo.extend(dataclasses.replace(t, layout=layout) for t, _ in held)

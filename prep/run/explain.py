@@ -32,7 +32,7 @@ from .plan import ShardPlan
 from .shards import find_shards, load_shard
 from .task import ShardTask, shard_batch
 
-__all__ = ["explain_cluster", "explain_run", "jobs_line", "threads_line"]
+__all__ = ["explain_cluster", "explain_run", "plan_lines"]
 
 
 def explain_run(
@@ -46,8 +46,7 @@ def explain_run(
     config.check_first_shard(shards[0].path, shard_errors=True)  # as its run would say
     tasks = [ShardTask(s, Path("."), config) for s in shards]
     plan = plan_run(config, tasks, parallel)
-    lines = [plan.sentence(), threads_line(plan), jobs_line(plan, jobs, len(shards))]
-    lines += [rows_line(plan, config), *plan.details]
+    lines = [plan.sentence(), *plan_lines(plan, config, jobs, len(shards)), *plan.details]
     lines += [f"{shards[0].path}:", f"row options: {config.row_flags()}"]
     if plan.mode == "rows" and config.executor == "auto":
         lines.append(str(explain_first_shard(inputs, config)[1]))
@@ -72,60 +71,48 @@ def explain_cluster(
     lines = [f"{where}; {len(shards)} shard(s) to do"]
     if config.executor != "auto":
         lines.append(f"each shard's rows: {config.executor} on its Dask worker (--executor)")
-        lines += [f"{shards[0].path}:", f"row options: {config.row_flags()}"]
-        return "\n".join(lines)
-    lines.append(
-        "each shard's rows: auto on its Dask worker, which measures for itself; here, on "
-        "the first shard:"
-    )
-    first, why = explain_first_shard(inputs, config)
-    lines += [f"{first}:", f"row options: {config.row_flags()}", str(why)]
+    else:
+        lines.append(
+            "each shard's rows: auto on its Dask worker, which measures for itself; here, on "
+            "the first shard:"
+        )
+    lines += [f"{shards[0].path}:", f"row options: {config.row_flags()}"]
+    if config.executor == "auto":
+        lines.append(str(explain_first_shard(inputs, config)[1]))
     return "\n".join(lines)
 
 
-def rows_line(plan: ShardPlan, config: RunConfig) -> str:
-    """How each shard's rows run under ``plan``."""
-    if plan.mode == "shards":
-        how = "measured" if config.executor == "auto" else "--executor"
-        return f"each shard's rows: {plan.form} in its worker process ({how})"
-    if config.executor != "auto":
-        return f"each shard's rows: {config.executor}, from this process (--executor)"
-    return (
-        "each shard's rows: auto, from this process: it measures on the first shard (below) "
-        "and may choose again on a later one; each shard's progress line and manifest entry "
-        "say what ran it"
-    )
-
-
-def jobs_line(plan: ShardPlan, jobs: int | None, shards: int) -> str:
-    """Shards in flight under ``plan`` (``jobs``: ``--jobs``), and what holds them."""
+def plan_lines(plan: ShardPlan, config: RunConfig, jobs: int | None, shards: int) -> list[str]:
+    """Under ``plan``: what prep sets for torch's intra-op threads, the shards in flight
+    (``jobs``: ``--jobs``) and what holds them, and how each shard's rows run."""
     if plan.mode == "shards":
         n = jobs or 2 * plan.workers
         why = "--jobs" if jobs else "2 per worker, so each has its next shard queued"
-        return (
-            f"jobs: {min(n, shards)} of the {shards} shard(s) in flight at once on "
-            f"{plan.workers} worker processes ({n}: {why})"
-        )
-    n = jobs or LOCAL_JOBS
-    return (
-        f"jobs: {n} shard(s) in flight, threads of this process "
-        f"({'--jobs' if jobs else 'the default'}): one computes while the others load or "
-        f"save; more only hold more shards in memory"
-    )
-
-
-def threads_line(plan: ShardPlan) -> str:
-    """What prep sets for torch's intra-op threads under ``plan``, for ``--explain``."""
-    if plan.mode == "shards":
-        return (
+        how = "measured" if config.executor == "auto" else "--executor"
+        return [
             f"torch threads: {plan.threads} in each of the {plan.workers} worker processes "
             f"(cores / workers, so workers x threads <= cores; the DataLoader sets 1); "
-            f"this process only hands out shards"
+            f"this process only hands out shards",
+            f"jobs: {min(n, shards)} of the {shards} shard(s) in flight at once on "
+            f"{plan.workers} worker processes ({n}: {why})",
+            f"each shard's rows: {plan.form} in its worker process ({how})",
+        ]
+    if config.executor != "auto":
+        rows = f"each shard's rows: {config.executor}, from this process (--executor)"
+    else:
+        rows = (
+            "each shard's rows: auto, from this process: it measures on the first shard "
+            "(below) and may choose again on a later one; each shard's progress line and "
+            "manifest entry say what ran it"
         )
-    return (
+    return [
         f"torch threads: this process keeps its own ({torch.get_num_threads()}) for the rows; "
-        f"a row executor's worker processes get {plan.threads} each (cores / workers)"
-    )
+        f"a row executor's worker processes get {plan.threads} each (cores / workers)",
+        f"jobs: {jobs or LOCAL_JOBS} shard(s) in flight, threads of this process "
+        f"({'--jobs' if jobs else 'the default'}): one computes while the others load or "
+        f"save; more only hold more shards in memory",
+        rows,
+    ]
 
 
 def explain_first_shard(

@@ -34,6 +34,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from ..core.rows import rows_of
@@ -63,10 +64,12 @@ from .shards import load_shard
 from .task import (
     IN_WORKER,
     ShardTask,
+    each,
     halt_workers,
     run_shard,
     run_shards_on_worker,
     shard_batch,
+    slice_rows,
     worker_form,
 )
 from .temps import Temps
@@ -85,9 +88,6 @@ __all__ = [
 LOCAL_JOBS = 2
 #: seconds prep's forkserver is taken to need to start when it has not been measured
 _SERVER_GUESS = 2.0
-#: the plan measures on at most this many bytes of the first shard's rows: a slice, so
-#: that a light row does not make it compute (and hold) half a gigabyte shard again
-_SLICE_BYTES = 8 << 20
 #: a shard of at most this many bytes is read twice to time its load
 _SMALL_FILE = 1 << 20
 
@@ -181,8 +181,7 @@ class ShardBackend:
                 flying = list(self._flying)
             wait_any(flying, 0.1)
             with self._lock:
-                landed = [t for t in self._flying if t.done()]
-                pairs = [(t, self._flying.pop(t)) for t in landed]
+                pairs = [(t, self._flying.pop(t)) for t in list(self._flying) if t.done()]
             for ticket, (tasks, done) in pairs:
                 for task, outcome in zip(tasks, _outcomes(ticket, len(tasks))):
                     done.put((task, outcome))
@@ -260,7 +259,15 @@ def plan_run(
         start = 0.0 if fork_is_safe() else (start_costs().server or _SERVER_GUESS)
     measured = first_shard_figures(todo[0], config, workers, len(todo), start)
     if measured is None:
-        return _unmeasured(len(todo), workers, worker_form(config.executor))
+        return ShardPlan(
+            "shards",
+            workers,
+            threads,
+            worker_form(config.executor),
+            {},
+            f"{len(todo)} shards on {workers} worker processes (the first shard could not be "
+            f"measured: its own run reports why)",
+        )
     figures, forms = measured
     return dataclasses.replace(decide(figures), details=forms.lines(threads))
 
@@ -291,18 +298,6 @@ def _rows_only(config: RunConfig, workers: int, shards: int, parallel: str) -> s
     return None
 
 
-def _unmeasured(shards: int, workers: int, form: str) -> ShardPlan:
-    return ShardPlan(
-        "shards",
-        workers,
-        threads_per_worker(workers),
-        form,
-        {},
-        f"{shards} shards on {workers} worker processes (the first shard could not be "
-        f"measured: its own run reports why)",
-    )
-
-
 def first_shard_figures(
     task: ShardTask, config: RunConfig, workers: int, shards: int, shard_start: float
 ) -> tuple[ShardFigures, Forms] | None:
@@ -328,14 +323,14 @@ def first_shard_figures(
         )
 
         def run(executor: str, k: int) -> Any:
-            return SHARED.pool(executor, 1).run(fn, rows_of(_head(batch, k)), options)
+            return SHARED.pool(executor, 1).run(
+                fn, rows_of(each(batch, itemgetter(slice(k)))), options
+            )
 
         # under auto, the forms a worker may run that cost nothing to try (no compile)
         tried = tuple(n for n in IN_WORKER if not traits_of(n).compiles)
         names = tried if config.executor == AUTO else (config.executor,)
-        head = _head(batch, 1)
-        row_bytes = sum(t.nbytes for t in (head.values() if isinstance(head, dict) else head))
-        forms = measure(run, min(n, max(3, _SLICE_BYTES // max(1, row_bytes))), workers, names)
+        forms = measure(run, min(n, max(3, slice_rows(batch, n))), workers, names)
     except Exception:
         return None
     if not forms.one:
@@ -356,9 +351,3 @@ def first_shard_figures(
         form=form,
     )
     return figures, forms
-
-
-def _head(batch: Any, k: int) -> Any:
-    if isinstance(batch, dict):
-        return {name: t[:k] for name, t in batch.items()}
-    return tuple(t[:k] for t in batch)

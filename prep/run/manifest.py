@@ -82,16 +82,13 @@ _FLAGS = {
 def recipe_changes(entry: Mapping[str, Any], recipe: Mapping[str, Any]) -> list[str]:
     """What differs between the recipe an entry was made with and ``recipe``, as flags:
     ``["--arg side: 'left' -> 'right'", "--pad: none -> 0"]``; empty if nothing does."""
-    found = []
     old_args, new_args = entry.get("args") or {}, recipe.get("args") or {}
-    for key in sorted(set(old_args) | set(new_args)):
-        if old_args.get(key, _NONE) != new_args.get(key, _NONE):
-            found.append(f"--arg {key}: {_said(old_args.get(key, _NONE))} -> "
-                         f"{_said(new_args.get(key, _NONE))}")  # fmt: skip
-    for key, flag in _FLAGS.items():
-        if entry.get(key) != recipe.get(key):
-            found.append(f"{flag}: {_said(entry.get(key))} -> {_said(recipe.get(key))}")
-    return found
+    changes = [
+        (f"--arg {key}", old_args.get(key, _NONE), new_args.get(key, _NONE))
+        for key in sorted(set(old_args) | set(new_args))
+    ]
+    changes += [(flag, entry.get(key), recipe.get(key)) for key, flag in _FLAGS.items()]
+    return [f"{flag}: {_said(old)} -> {_said(new)}" for flag, old, new in changes if old != new]
 
 
 _NONE = object()

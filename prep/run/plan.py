@@ -183,47 +183,40 @@ def measure(
     before = torch.get_num_threads()
     one_thread = threads_per_worker(workers)
     forms = Forms({}, {}, {})
+    # rows that fail under on_error fill/skip are the run's to report, not these
     with warnings.catch_warnings():
-        # rows that fail under on_error fill/skip are the run's to report, not these
         warnings.simplefilter("ignore", RuntimeWarning)
-        return _measure(run, rows, one_thread, before, names, forms)
-
-
-def _measure(
-    run: Callable[[str, int], Any], rows: int, one_thread: int, before: int,
-    names: tuple[str, ...], forms: Forms,
-) -> Forms:  # fmt: skip
-    try:
-        torch.set_num_threads(one_thread)
-        run("serial", min(rows, _WARM_ROWS))
-        t = time.perf_counter()
-        run("serial", min(rows, _WARM_ROWS))
-        guess = (time.perf_counter() - t) / min(rows, _WARM_ROWS)
-        k = max(min(rows, 3), min(rows, int(_BUDGET / max(guess, 1e-7))))
-        reference = None
-        for name in names:
-            try:
-                if name != "serial" and _slower(run, name, rows, k, one_thread, forms):
+        try:
+            torch.set_num_threads(one_thread)
+            run("serial", min(rows, _WARM_ROWS))
+            t = time.perf_counter()
+            run("serial", min(rows, _WARM_ROWS))
+            guess = (time.perf_counter() - t) / min(rows, _WARM_ROWS)
+            k = max(min(rows, 3), min(rows, int(_BUDGET / max(guess, 1e-7))))
+            reference = None
+            for name in names:
+                try:
+                    if name != "serial" and _slower(run, name, rows, k, one_thread, forms):
+                        continue
+                    for threads, table in ((one_thread, forms.one), (before, forms.every)):
+                        torch.set_num_threads(threads)
+                        run(name, min(rows, _WARM_ROWS))  # warm at this setting: a cold pool
+                        t = time.perf_counter()
+                        result = run(name, k)
+                        table[name] = (time.perf_counter() - t) / k
+                except Exception as exc:  # this form cannot run on these rows
+                    forms.one.pop(name, None)
+                    forms.every.pop(name, None)
+                    forms.dropped[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:120]
                     continue
-                for threads, table in ((one_thread, forms.one), (before, forms.every)):
-                    torch.set_num_threads(threads)
-                    run(name, min(rows, _WARM_ROWS))  # warm at this setting: a cold pool
-                    t = time.perf_counter()
-                    result = run(name, k)
-                    table[name] = (time.perf_counter() - t) / k
-            except Exception as exc:  # this form cannot run on these rows
-                forms.one.pop(name, None)
-                forms.every.pop(name, None)
-                forms.dropped[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:120]
-                continue
-            if reference is None:
-                reference = result
-            elif not same(result, reference):
-                forms.one.pop(name)
-                forms.every.pop(name)
-                forms.dropped[name] = "its values differ from serial's on the measured rows"
-    finally:
-        torch.set_num_threads(before)
+                if reference is None:
+                    reference = result
+                elif not same(result, reference):
+                    forms.one.pop(name)
+                    forms.every.pop(name)
+                    forms.dropped[name] = "its values differ from serial's on the measured rows"
+        finally:
+            torch.set_num_threads(before)
     return forms
 
 

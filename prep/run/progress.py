@@ -8,7 +8,6 @@ nothing but errors with ``quiet``. The summary comes last either way.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -70,11 +69,9 @@ class ShardProgress:
         self._bar: Any = None
         self._total = 0
         self._count = 0
-        self._rows = 0
-        self._started = time.monotonic()
 
     def start(self, todo: int, skipped: int, stale: int, plan: str = "") -> None:
-        self._total, self._started = todo, time.monotonic()
+        self._total = todo
         if self.quiet:
             return
         if plan:
@@ -98,7 +95,6 @@ class ShardProgress:
 
     def done(self, entry: dict[str, Any]) -> None:
         self._count += 1
-        self._rows += int(entry["rows"])
         if self.quiet:
             return
         if self._bar is not None:

@@ -41,14 +41,13 @@ def with_lengths(named: Mapping[str, Tensor], lengths: Mapping[str, Tensor]) -> 
     return both
 
 
-def failed_rows(
-    valid: Tensor, errors: dict[int, BaseException]
-) -> tuple[list[int], list[dict[str, Any]]]:
-    """The rows that failed (every index) and, for the first :data:`MAX_ERRORS` of
-    them, ``{"row": i, "error": "Type: message"}`` of the row function's exception
-    (or of the worker's death, for a row that killed it)."""
+def failed_rows(valid: Tensor, errors: dict[int, BaseException]) -> dict[str, Any]:
+    """The entry's ``failed_rows`` (every index) and ``row_errors``: for the first
+    :data:`MAX_ERRORS` of them, ``{"row": i, "error": "Type: message"}`` of the row
+    function's exception (or of the worker's death, for a row that killed it)."""
     failed = (~valid).nonzero().flatten().tolist()
-    return failed, [{"row": i, "error": _text(errors.get(i))} for i in failed[:MAX_ERRORS]]
+    row_errors = [{"row": i, "error": _text(errors.get(i))} for i in failed[:MAX_ERRORS]]
+    return {"failed_rows": failed, "row_errors": row_errors}
 
 
 def _text(error: BaseException | None) -> str:

@@ -39,20 +39,11 @@ from .temps import Temps
 __all__ = [
     "OutOfSpace",
     "Unsealed",
-    "compact",
     "save_shard",
     "seal_files",
     "sha256_file",
     "sync_folders",
 ]
-
-
-def compact(t: Tensor) -> Tensor:
-    """``t`` contiguous on the CPU, owning exactly its bytes (a view's storage may be larger)."""
-    t = t.detach().cpu().contiguous()
-    if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.nbytes:
-        t = t.clone()
-    return t
 
 
 #: errnos that say the disk, not the shard, is at fault, and the fix for each
@@ -110,7 +101,7 @@ def save_shard(
 ) -> tuple[str, int]:
     """Write ``tensors`` to ``path`` atomically and durably; returns (sha256 hex, size).
 
-    Tensors are compacted (:func:`compact`) and written in the mapping's order.
+    Tensors are compacted (contiguous, each owning its bytes) and written in the mapping's order.
     Parent folders are created. ``temps`` tracks the temporary file so that an
     abandoned run can remove it. ``sync_folder=False`` leaves the rename's fsync to
     the caller (:func:`sync_folders`, once for many files); ``seal``, the file's own
@@ -166,11 +157,7 @@ def seal_files(files: list[Unsealed]) -> list[Exception | None]:
     errors: list[Exception | None] = []
     for f in files:
         try:
-            fd = os.open(f.tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(f.tmp)
             errors.append(None)
         except OSError as exc:
             errors.append(exc)
@@ -206,13 +193,18 @@ def _mb(n: int) -> str:
 
 
 def _owning(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Compacted tensors, none sharing storage (safetensors refuses shared storage)."""
+    """The tensors contiguous on the CPU, each owning exactly its bytes (a view's storage
+    may be larger), none sharing storage (safetensors refuses shared storage)."""
     seen: set[int] = set()
     owned = {}
     for name, t in tensors.items():
-        t = compact(t)
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen and t.numel():
+        t = t.detach().cpu().contiguous()
+        storage = t.untyped_storage()
+        if (
+            t.storage_offset() != 0
+            or storage.nbytes() != t.nbytes
+            or (storage.data_ptr() in seen and t.numel())
+        ):
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         owned[name] = t
@@ -223,11 +215,15 @@ def sync_folders(folders: Iterable[Path]) -> None:
     """fsync each folder once: a rename is only durable once its folder's entry is on
     disk too (``prep run`` does it for a group of outputs, before their manifest lines)."""
     for folder in dict.fromkeys(folders):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(folder)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -14,31 +14,28 @@ __all__ = ["shielded", "sigterm_raises"]
 
 
 @contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`~prep.errors.Terminated` (main thread only)."""
+def _handled(handler: Any, *signums: signal.Signals) -> Iterator[None]:
+    """``handler`` for ``signums`` within the block (main thread only: elsewhere, as is)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-@contextlib.contextmanager
-def shielded() -> Iterator[None]:
-    """Ignore a second Ctrl-C or SIGTERM while the first one's cleanup runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, handler) for s in signums}
     try:
         yield
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def sigterm_raises() -> contextlib.AbstractContextManager[None]:
+    """Within the block, SIGTERM raises :class:`~prep.errors.Terminated` (main thread only)."""
+    return _handled(_raise_terminated, signal.SIGTERM)
+
+
+def shielded() -> contextlib.AbstractContextManager[None]:
+    """Ignore a second Ctrl-C or SIGTERM while the first one's cleanup runs."""
+    return _handled(signal.SIG_IGN, signal.SIGINT, signal.SIGTERM)

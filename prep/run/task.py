@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from ..errors import Cancelled, ConfigError, NoRows, OutOfSpace, RowError, Shard
 from ..executors import call_failure, traits_of
 from ..pool import SHARED, Pool
 from ..registry import in_caller
+from .calls import load_fn
 from .config import RunConfig
 from .manifest import SCHEMA
 from .rows import failed_rows, with_lengths
@@ -50,10 +52,12 @@ __all__ = [
     "Layout",
     "NoRows",
     "ShardTask",
+    "each",
     "halt_workers",
     "layout_of",
     "run_shard",
     "run_shards_on_worker",
+    "slice_rows",
     "worker_form",
 ]
 
@@ -82,25 +86,17 @@ def layout_of(tensors: Mapping[str, Tensor]) -> dict[str, list[Any]]:
     return {k: [str(t.dtype).removeprefix("torch."), list(t.shape[1:])] for k, t in tensors.items()}
 
 
-def _empty(layout: Layout) -> dict[str, Tensor]:
-    return {k: torch.empty((0, *shape), dtype=getattr(torch, dtype)) for k, (dtype, shape) in
-            layout.items()}  # fmt: skip
-
-
 def shard_batch(
     tensors: dict[str, Tensor], columns: tuple[str, ...] | None, path: Path
 ) -> tuple[Any, int]:
     """The shard as a ``map_rows`` batch (a dict, or a tuple in ``columns`` order) and its rows."""
-    if columns is not None:
-        missing = [c for c in columns if c not in tensors]
-        if missing:
-            raise ShardError(
-                f"{path}: has no column {', '.join(map(repr, missing))}; it has "
-                f"{', '.join(map(repr, tensors))}; pick others with --columns"
-            )
-        chosen = {c: tensors[c] for c in columns}
-    else:
-        chosen = tensors
+    missing = [c for c in columns or () if c not in tensors]
+    if missing:
+        raise ShardError(
+            f"{path}: has no column {', '.join(map(repr, missing))}; it has "
+            f"{', '.join(map(repr, tensors))}; pick others with --columns"
+        )
+    chosen = tensors if columns is None else {c: tensors[c] for c in columns}
     rows = {name: (t.shape[0] if t.dim() else None) for name, t in chosen.items()}
     if None in rows.values() or len(set(rows.values())) != 1:
         sizes = ", ".join(f"{n}: {r if r is not None else '0-d'}" for n, r in rows.items())
@@ -109,9 +105,7 @@ def shard_batch(
             f"pick the row-aligned ones with --columns"
         )
     batch = tuple(chosen.values()) if columns is not None else chosen
-    n = next(iter(rows.values()))
-    assert n is not None  # checked above
-    return batch, n
+    return batch, len(next(iter(chosen.values())))
 
 
 def _named(result: Any, spec: str) -> dict[str, Tensor]:
@@ -160,7 +154,7 @@ def run_shard(
     else:
         if config.device is not None and torch.device(config.device).type != "cpu":
             # compute where the result is wanted: the batched twin then runs on the GPU
-            batch = _to(batch, config.device)
+            batch = each(batch, lambda t: t.to(config.device))
         with compute or contextlib.nullcontext():
             _check(cancel, src)
             result, ran = _map(fn, batch, rows, config, pool, src)
@@ -206,13 +200,13 @@ def _no_rows(task: ShardTask) -> tuple[dict[str, Tensor], dict[str, Any], dict[s
             f"output's names, dtypes and row shapes; run it together with shards that have "
             f"rows (it is then written with 0 rows in their layout), or leave it out"
         )
+    tensors = {k: torch.empty((0, *shape), dtype=getattr(torch, dtype)) for k, (dtype, shape) in
+               task.layout.items()}  # fmt: skip
     empty: dict[str, Any] = {"failed_rows": [], "row_errors": []}
     failed = empty if task.config.on_row_error != "raise" else {}
-    return _empty(task.layout), failed, {}
+    return tensors, failed, {}
 
 
-#: the Pool of each (executor, setup) in this worker process: setup= runs once a worker
-_worker_pools: dict[tuple[str, str | None], Pool] = {}
 #: one byte shared with the shard workers forked from this process: set, they start no
 #: other shard (the disk is full); made at import, so every fork of it shares the page
 _HALT = mmap.mmap(-1, 1)
@@ -246,7 +240,7 @@ def run_shards_on_worker(tasks: list[ShardTask]) -> list[Any]:
             try:
                 if _HALT[0] or stop:
                     raise Cancelled(f"{task.source.path}: not started, the run stopped")
-                pool = _worker_pool(task.config)
+                pool = _worker_pool(worker_form(task.config.executor), task.config.setup)
                 outcomes.append(run_shard(task, pool, None, temps, None, checked, later))
             except Exception as exc:  # the shard's own error; the others still run
                 outcomes.append(call_failure(exc))
@@ -262,18 +256,17 @@ def run_shards_on_worker(tasks: list[ShardTask]) -> list[Any]:
     return outcomes
 
 
-def _worker_pool(config: RunConfig) -> Pool:
-    """This worker's Pool for the config's executor and ``--setup`` (made once)."""
-    executor = worker_form(config.executor)
-    key = (executor, config.setup)
-    pool = _worker_pools.get(key)
-    if pool is None:
-        pool = _worker_pools[key] = Pool(executor, 1, setup=config.setup_fn())
-    return pool
+@functools.cache
+def _worker_pool(executor: str, setup: str | None) -> Pool:
+    """This worker process's Pool for ``executor`` and ``--setup``, made once, so that
+    setup= runs once a worker."""
+    return Pool(executor, 1, setup=load_fn(setup, "--setup") if setup else None)
 
 
 #: a batched form (vmap, a twin) runs a whole-shard worker's rows this many bytes of
-#: input at a time: its intermediates are a slice's, not a second and third shard
+#: input at a time: its intermediates are a slice's, not a second and third shard; and
+#: the plan measures on at most a slice of the first shard's rows, so that a light row
+#: does not make it compute (and hold) half a gigabyte shard again
 SLICE_BYTES = 8 << 20
 
 
@@ -291,21 +284,20 @@ def _map(
     try:
         if pool is None:
             pool = SHARED.pool(config.executor, config.workers, config.setup_fn())
-        step = _slice_rows(batch, rows)
+        step = slice_rows(batch, rows)
         if traits_of(pool.executor).per_row or not options.policy.plain or step >= rows:
-            return pool.run(fn, rows_of(batch), options), ran_with(pool, config.executor)
+            return pool.run(fn, rows_of(batch), options), ran_with(pool)
         # the first slice shows the output; the others are written into it in place
-        first = pool.run(fn, rows_of(_rows(batch, 0, step)), options)
-        if not all(isinstance(t, Tensor) for t in _flat(first)):  # _outputs says why
-            return first, ran_with(pool, config.executor)
-        out = _leaves(first, lambda t: t.new_empty((rows, *t.shape[1:])))
-        for whole, part in zip(_flat(out), _flat(first)):
-            whole[:step].copy_(part)
+        first = pool.run(fn, rows_of(each(batch, itemgetter(slice(step)))), options)
+        if not all(isinstance(t, Tensor) for t in leaves(first)):  # _outputs says why
+            return first, ran_with(pool)
+        out = each(first, lambda t: t.new_empty((rows, *t.shape[1:])))
+        for whole, head in zip(leaves(out), leaves(first)):
+            whole[:step].copy_(head)
         for start in range(step, rows, step):
-            end = min(rows, start + step)
-            into = _leaves(out, functools.partial(_slice, start=start, end=end))
-            pool.run(fn, rows_of(_rows(batch, start, end)), options.with_(out=into))
-        return out, ran_with(pool, config.executor)
+            part = itemgetter(slice(start, min(rows, start + step)))
+            pool.run(fn, rows_of(each(batch, part)), options.with_(out=each(out, part)))
+        return out, ran_with(pool)
     except RowError as exc:
         if config.on_row_error == "raise":
             raise
@@ -317,38 +309,28 @@ def _map(
         ) from exc
 
 
-def _slice_rows(batch: Any, rows: int) -> int:
+def slice_rows(batch: Any, rows: int) -> int:
     """Rows in :data:`SLICE_BYTES` of the shard's input (at least one)."""
-    total = sum(t.nbytes for t in (batch.values() if isinstance(batch, dict) else batch))
-    return max(1, rows * SLICE_BYTES // max(1, total))
+    return max(1, rows * SLICE_BYTES // max(1, sum(t.nbytes for t in leaves(batch))))
 
 
-def _rows(batch: Any, start: int, end: int) -> Any:
-    if isinstance(batch, dict):
-        return {k: t[start:end] for k, t in batch.items()}
-    return tuple(t[start:end] for t in batch)
+def leaves(x: Any) -> list[Any]:
+    """The tensors of a batch or a result (a tensor, a tuple or list, or a dict of them)."""
+    if isinstance(x, Mapping):
+        return list(x.values())
+    return list(x) if isinstance(x, (tuple, list)) else [x]
 
 
-def _slice(t: Tensor, start: int, end: int) -> Tensor:
-    return t[start:end]
+def each(x: Any, f: Callable[[Tensor], Tensor]) -> Any:
+    """``f`` on each tensor of a batch or a result, in the same container."""
+    if isinstance(x, Mapping):
+        return {k: f(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(map(f, x))
+    return f(x)
 
 
-def _flat(result: Any) -> list[Any]:
-    if isinstance(result, Mapping):
-        return list(result.values())
-    return list(result) if isinstance(result, (tuple, list)) else [result]
-
-
-def _leaves(result: Any, f: Callable[[Tensor], Tensor]) -> Any:
-    """``f`` on each tensor of a result (a tensor, a tuple or list, or a dict of them)."""
-    if isinstance(result, Mapping):
-        return {k: f(v) for k, v in result.items()}
-    if isinstance(result, (tuple, list)):
-        return type(result)(map(f, result))
-    return f(result)
-
-
-def ran_with(pool: Pool, asked: str) -> dict[str, str]:
+def ran_with(pool: Pool) -> dict[str, str]:
     """``{"executor": what ran the rows}``, with ``"executor_asked": "auto"`` where auto
     chose it (its latest choice for the function: a shard's rows all run with one)."""
     if pool.executor != "auto":
@@ -364,10 +346,7 @@ def _outputs(result: Any, config: RunConfig) -> tuple[dict[str, Tensor], dict[st
     tensors = _named(out, config.fn)
     if lengths is not None:
         tensors = with_lengths(tensors, _named(lengths, config.fn))
-    if valid is None:
-        return tensors, {}
-    failed, row_errors = failed_rows(valid, errors)
-    return tensors, {"failed_rows": failed, "row_errors": row_errors}
+    return tensors, failed_rows(valid, errors) if valid is not None else {}
 
 
 def _stat(path: Path) -> tuple[int, int]:
@@ -376,12 +355,6 @@ def _stat(path: Path) -> tuple[int, int]:
     except FileNotFoundError:
         raise ShardError(f"{path}: the file disappeared before it was read") from None
     return st.st_size, st.st_mtime_ns
-
-
-def _to(batch: Any, device: str) -> Any:
-    if isinstance(batch, dict):
-        return {k: v.to(device) for k, v in batch.items()}
-    return tuple(v.to(device) for v in batch)
 
 
 def _check(cancel: threading.Event | None, src: ShardFile) -> None:

@@ -34,18 +34,20 @@ class Temps:
         self._live: set[Path] = set()
         self._abandoned = False
 
+    def _check(self, final: Path) -> None:
+        if self._abandoned:
+            raise Cancelled(f"{final}: the run was abandoned")
+
     def new(self, final: Path) -> Path:
         with self._lock:
-            if self._abandoned:
-                raise Cancelled(f"{final}: the run was abandoned")
+            self._check(final)
             tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
             self._live.add(tmp)
             return tmp
 
     def replace(self, tmp: Path, final: Path) -> None:
         with self._lock:
-            if self._abandoned:
-                raise Cancelled(f"{final}: the run was abandoned")
+            self._check(final)
             os.replace(tmp, final)
             self._live.discard(tmp)
 
