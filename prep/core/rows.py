@@ -49,10 +49,10 @@ class Rows(ABC):
         """How the row function is called on a row: how many positional arguments, and
         the names of the keyword ones."""
 
-    @abstractmethod
     def checking(self, check: ResultCheck | None) -> Rows:
         """These rows, each row's result checked by ``check`` as it returns (a bad
         result then raises inside the row's call, where its row is known)."""
+        return dataclasses.replace(self, check=check)  # type: ignore[type-var]
 
     def seeding(self, seeds: Seeding | None) -> Rows:
         """These rows, each row's draws seeded by ``seeds`` (``seed=``)."""
@@ -77,9 +77,9 @@ class Rows(ABC):
         """Where the batch lives (CPU for a list of samples)."""
         return torch.device("cpu")
 
-    @abstractmethod
     def head(self, stop: int) -> Rows:
         """The first ``stop`` rows, sharing this batch's memory."""
+        return self.window(self.offset, self.offset + stop)
 
     @abstractmethod
     def window(self, start: int, stop: int) -> Rows:
@@ -131,10 +131,6 @@ class TensorRows(Rows):
     def arguments(self) -> tuple[int, tuple[str, ...]]:
         return (0, self.names) if self.names is not None else (len(self.columns), ())
 
-    def checking(self, check: ResultCheck | None) -> TensorRows:
-        """These rows, each row's result checked by ``check`` as it returns."""
-        return dataclasses.replace(self, check=check)
-
     @functools.cached_property
     def _views(self) -> dict[int, list[tuple[Tensor, ...]]]:
         return {}
@@ -154,11 +150,6 @@ class TensorRows(Rows):
         if self.names is not None:
             return fn(**dict(zip(self.names, self.columns)))
         return fn(*self.columns)
-
-    def head(self, stop: int) -> TensorRows:
-        """The first ``stop`` rows."""
-        columns = tuple(c[:stop] for c in self.columns)
-        return TensorRows(columns, self.names, self.offset, self.check, self.seeds)
 
     def window(self, start: int, stop: int) -> TensorRows:
         a, b = start - self.offset, stop - self.offset
@@ -216,14 +207,6 @@ class SampleRows(Rows):
 
     def arguments(self) -> tuple[int, tuple[str, ...]]:
         return (1, ())
-
-    def checking(self, check: ResultCheck | None) -> SampleRows:
-        """These rows, each row's result checked by ``check`` as it returns."""
-        return dataclasses.replace(self, check=check)
-
-    def head(self, stop: int) -> SampleRows:
-        """The first ``stop`` rows."""
-        return SampleRows(self.samples[:stop], self.offset, self.check, self.seeds)
 
     def layout(self) -> Any:
         return ("samples", type(self.samples[0]).__qualname__ if self.samples else None)
