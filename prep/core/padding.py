@@ -31,8 +31,18 @@ import torch
 from torch import Tensor
 
 from ..errors import StackError
-from .output import TENSOR, Output, Result, Spec, check_fits, flatten, shared_empty
-from .pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
+from .output import TENSOR, Output, Result, Spec, check_fits, empty, flatten
+from .pad_blocks import (
+    Block,
+    all_full,
+    covers,
+    holdable,
+    may_hold,
+    pad_into,
+    padded,
+    sequences_fit,
+    tensors,
+)
 from .pad_options import Number, Padding
 
 __all__ = ["Number", "Padding", "PaddedOutput", "allocate", "given_padded"]
@@ -41,6 +51,8 @@ __all__ = ["Number", "Padding", "PaddedOutput", "allocate", "given_padded"]
 #: has about ln(B) + 0.6 new longest rows: 6 at 256 rows, 8 at 1024)
 EXACT_GROWTHS = 16
 GROWTH = 1.25
+#: what rows of a padded output must return alike
+SAME_DIMS = "the same number of dims and the same dtype"
 
 # ---------------------------------------------------------------- in a buffer
 
@@ -78,11 +90,7 @@ def grown(buf: Tensor, need: Sequence[int], value: Number, growths: int) -> Tens
     factor = 1.0 if growths < EXACT_GROWTHS else GROWTH
     new_cap = tuple(c if n <= c else max(n, math.ceil(c * factor)) for c, n in zip(cap, need))
     pinned = buf.device.type == "cpu" and buf.is_pinned()
-    shape = (buf.shape[0], *new_cap)
-    if buf.is_shared():
-        new = shared_empty(shape, buf.dtype)
-    else:
-        new = torch.empty(shape, dtype=buf.dtype, device=buf.device, pin_memory=pinned)
+    new = empty((buf.shape[0], *new_cap), buf.dtype, buf.device, pinned, buf.is_shared())
     new[(slice(None), *box(cap))].copy_(buf)
     fill_outside(new, cap, value)
     return new
@@ -117,13 +125,15 @@ class PaddedOutput(Output):
             check_fits(pad, buf.dtype, "pad", self.where(k))
         self.fixed = [to for _, to in leaves]
         shared = any(b.is_shared() for b in buffers)
-        self.sizes = [_zeros((len(b), b.dim() - 1), shared) for b in buffers]  # int64 [rows, dims]
+        shapes = [(len(b), b.dim() - 1) for b in buffers]  # each row's size: int64 [rows, dims]
+        self.sizes = [empty(s, torch.int64, shared=shared).zero_() for s in shapes]
         self._sizes = [s.numpy() for s in self.sizes]  # the same memory: a row's write is cheap
         self.growths = [0] * len(buffers)
         self.failed: dict[int, Number | None] = {}  # row -> its fill (None: the pad)
         self.lock = threading.RLock()
-        self.held = HeldRows()  # blocks of 1-D rows not yet written
-        self.holding = HeldRows.may_hold(buffers, self.fixed)
+        #: blocks of 1-D rows not yet written, by the buffer row each starts at
+        self.held: list[tuple[int, Block]] = []
+        self.holding = may_hold(buffers, self.fixed)
 
     @property
     def buffers(self) -> list[Tensor]:
@@ -149,13 +159,12 @@ class PaddedOutput(Output):
         """Write the held rows: each leaf one ``pad_sequence`` if they are every row,
         else block by block into the (growing) buffers."""
         with torch.no_grad(), self.lock:
-            blocks = self.held.take()
+            blocks, self.held = sorted(self.held, key=lambda b: b[0]), []
             if not blocks:
                 return
-            if HeldRows.covers(blocks, len(self._buffers[0])) and not self.failed:
+            if covers(blocks, len(self._buffers[0])) and not self.failed:
                 for k, pad in enumerate(self.pads):
-                    self._buffers[k], lengths = HeldRows.padded(blocks, k, pad)
-                    self._sizes[k][:, 0] = lengths
+                    self._buffers[k], self._sizes[k][:, 0] = padded(blocks, k, pad)
                 return
             self.holding = False  # rows came another way too: no longer worth holding
             for lo, rows in blocks:
@@ -169,10 +178,10 @@ class PaddedOutput(Output):
         """Rows ``start, start + 1, ...``: checked and flattened outside the lock, then
         written under it, one lock and one ``no_grad`` a block."""
         lo = start - self.offset
-        if self.holding and self.spec is TENSOR:  # 1-D tensors as they come: held at once
+        if self.holding and self.spec is TENSOR and (held := tensors(results, self._buffers)):
             with self.lock:
-                if self.held.hold_tensors(lo, results, self._buffers):
-                    return
+                self.held.append((lo, held))
+            return
         rows = []
         for k, result in enumerate(results):
             spec, leaves = flatten(result, row=start + k)
@@ -180,7 +189,7 @@ class PaddedOutput(Output):
             rows.append(leaves)
         with torch.no_grad(), self.lock:
             if self.holding and holdable(rows, self._buffers):
-                self.held.add(lo, rows)
+                self.held.append((lo, rows))
                 return
             if self.held:
                 self.settle()
@@ -215,7 +224,7 @@ class PaddedOutput(Output):
             self._sizes[k][j] = cap
             return
         if leaf.dim() != len(cap) or leaf.dtype != buf.dtype:
-            raise self.mismatch(i, k, leaf, "the same number of dims and the same dtype")
+            raise self.mismatch(i, k, leaf, SAME_DIMS)
         size = tuple(leaf.shape)
         if any(s > c for s, c in zip(size, cap)):
             if self.fixed[k] is not None:
@@ -234,12 +243,11 @@ class PaddedOutput(Output):
     def fail(self, i: int, value: Number | None) -> None:
         """Row ``i`` failed: every leaf filled with ``value`` (None: its pad value), and
         its sizes 0."""
-        if value is not None:
-            for k, buf in enumerate(self.buffers):
-                check_fits(value, buf.dtype, "fill", self.where(k))
         with torch.no_grad(), self.lock:
             self.failed[i - self.offset] = value  # filled again once the size is final
-            for buf, sizes, pad in zip(self.buffers, self.sizes, self.pads):
+            for k, (buf, sizes, pad) in enumerate(zip(self.buffers, self.sizes, self.pads)):
+                if value is not None:
+                    check_fits(value, buf.dtype, "fill", self.where(k))
                 buf[i - self.offset].fill_(pad if value is None else value)
                 sizes[i - self.offset] = 0
 
@@ -263,8 +271,7 @@ class PaddedOutput(Output):
         self.check_spec(chunk.offset, chunk.spec)
         for k, (part, buf) in enumerate(zip(chunk.buffers, self.buffers)):
             if part.dtype != buf.dtype or part.dim() != buf.dim():  # as _put refuses a row
-                need = "the same number of dims and the same dtype"
-                raise self.mismatch(chunk.first_row, k, part[0], need)
+                raise self.mismatch(chunk.first_row, k, part[0], SAME_DIMS)
         lo, n = chunk.offset - self.offset, len(chunk)
         with torch.no_grad(), self.lock:
             for k, (part, sizes) in enumerate(zip(chunk.buffers, chunk.sizes)):
@@ -312,14 +319,6 @@ def first_over(sizes: Tensor, limit: Sequence[int]) -> int | None:
     """The first row of ``sizes`` (int64 ``[rows, dims]``) larger than ``limit`` in a dim."""
     over = (sizes > torch.tensor(limit, dtype=sizes.dtype)).any(1).nonzero().flatten()
     return int(over[0]) if len(over) else None
-
-
-def _zeros(shape: tuple[int, ...], shared: bool) -> Tensor:
-    return (
-        shared_empty(shape, torch.int64).zero_()
-        if shared
-        else torch.zeros(shape, dtype=torch.int64)
-    )
 
 
 def allocate(
