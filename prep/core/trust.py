@@ -41,6 +41,7 @@ from .generators import States
 from .generators import kept as generators_kept
 from .identity import key
 from .output import Output, Spec, flatten
+from .padding import corner
 from .rows import Rows, SampleRows, TensorRows
 from .state import WithState
 
@@ -110,9 +111,7 @@ def row_of(output: Output, i: int, spec: Spec, leaves: list[Tensor]) -> list[Ten
         r = buf[i - output.offset]
         if r.dim() != leaf.dim() or any(s > t for s, t in zip(leaf.shape, r.shape)):
             return None
-        for d, size in enumerate(leaf.shape):
-            r = r.narrow(d, 0, size)
-        row.append(r)
+        row.append(corner(r, leaf.shape))
     return row
 
 
@@ -131,13 +130,11 @@ class Probe:
     _deterministic: bool | None = field(default=None, repr=False)
 
     @classmethod
-    def take(
-        cls, fn: Callable[..., Any], rows: Rows, k: int = ROWS, skip: Collection[int] = ()
-    ) -> Probe | None:
-        """Copy the first ``k`` rows and run ``fn`` on another copy of each, here; rows in
-        ``skip`` are not run (rows that failed elsewhere: one that killed its worker
-        process must never run in this one)."""
-        k = min(k, len(rows))
+    def take(cls, fn: Callable[..., Any], rows: Rows, skip: Collection[int] = ()) -> Probe | None:
+        """Copy the first :data:`ROWS` rows and run ``fn`` on another copy of each, here;
+        rows in ``skip`` are not run (rows that failed elsewhere: one that killed its
+        worker process must never run in this one)."""
+        k = min(ROWS, len(rows))
         pristine, work = _pristine(rows, k), _pristine(rows, k)
         if pristine is None or work is None or k == 0:
             return None
@@ -271,9 +268,7 @@ def check_named(
     checked: its state would have to be built here, in the caller, just for that."""
     if output is None or len(rows) == 0 or not (other_interpreter or twin is not None):
         return None
-    if isinstance(fn, WithState):
-        return None
-    if not first_time(executor, fn):
+    if isinstance(fn, WithState) or not first_time(executor, fn):
         return None
     probe = Probe.take(fn, rows, skip=failed)
     if probe is None or not probe.deterministic():
