@@ -136,9 +136,10 @@ def check_out(out: object, shape: tuple[int, ...], inputs: Tensor) -> Tensor:
     return out
 
 
-def check_length(length: object, L: int) -> int | None:
+def check_length(length: object, L: int) -> int:
+    """``length`` as an int in ``[0, L]`` (``L`` if None)."""
     if length is None:
-        return None
+        return L
     if isinstance(length, Tensor):
         if length.dim() != 0 or length.dtype.is_floating_point or length.dtype == torch.bool:
             raise ValueError(

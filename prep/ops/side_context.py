@@ -208,29 +208,6 @@ def side_context(
 # ------------------------------------------------------------------ one row
 
 
-def _one_row(
-    x: Tensor, mask: Tensor, side: Side, max_len: int, length: int | None, pad_value: Number
-) -> Tensor:
-    """The row computation, after the checks."""
-    L, feat = x.shape[0], tuple(x.shape[1:])
-    n = L if length is None else length
-    where = mask.nonzero()
-    start = stop = 0
-    if where.numel() and side == "left":
-        stop = min(int(where[0, 0]), n)
-        start = max(stop - max_len, 0)
-    elif where.numel():
-        start = int(where[-1, 0]) + 1
-        stop = max(start, min(n, start + max_len))
-    result = x.new_full((max_len, *feat), pad_value)
-    count = stop - start
-    if count:
-        # copy_ into a slice keeps autograd (the padding simply gets no gradient)
-        at = max_len - count if side == "left" else 0
-        result[at : at + count] = x[start:stop]
-    return result
-
-
 @rowwise(batched=side_context, rename={"x": "inputs", "length": "lengths"})
 def side_context_row(
     x: Tensor,
@@ -258,4 +235,20 @@ def side_context_row(
     """
     check_tensors(x, mask, 1, "x")
     max_len = check_options(side, max_len, pad_value, x.dtype)
-    return _one_row(x, mask, side, max_len, check_length(length, x.shape[0]), pad_value)
+    L, feat = x.shape[0], tuple(x.shape[1:])
+    n = check_length(length, L)
+    where = mask.nonzero()
+    start = stop = 0
+    if where.numel() and side == "left":
+        stop = min(int(where[0, 0]), n)
+        start = max(stop - max_len, 0)
+    elif where.numel():
+        start = int(where[-1, 0]) + 1
+        stop = max(start, min(n, start + max_len))
+    result = x.new_full((max_len, *feat), pad_value)
+    count = stop - start
+    if count:
+        # copy_ into a slice keeps autograd (the padding simply gets no gradient)
+        at = max_len - count if side == "left" else 0
+        result[at : at + count] = x[start:stop]
+    return result
