@@ -40,6 +40,13 @@ class Spec:
             return tuple(leaves)
         return dict(zip(self.keys, leaves))
 
+    def where(self, k: int) -> str:
+        """`` (result 'key')`` for leaf ``k`` of a tuple or dict result."""
+        if self.kind == "tensor":
+            return ""
+        names: tuple[object, ...] = self.keys or tuple(range(self.n))
+        return f" (result {names[k]!r})"
+
 
 #: the structure of every single-tensor result (one object: compared by identity first)
 TENSOR = Spec("tensor")
@@ -208,18 +215,11 @@ class Output:
     def mismatch(self, i: int, k: int, leaf: Tensor, need: str) -> StackError:
         buf = self.buffers[k]
         return StackError(
-            f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{self.where(k)} but "
+            f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{self.spec.where(k)} but "
             f"{self._origin()} shape {tuple(buf.shape[1:])} {buf.dtype}; rows must "
             f"return {need}",
             row=i,
         )
-
-    def where(self, k: int) -> str:
-        """`` (result 'key')`` for leaf ``k`` of a tuple or dict result."""
-        if self.spec.kind == "tensor":
-            return ""
-        names: tuple[object, ...] = self.spec.keys or tuple(range(self.spec.n))
-        return f" (result {names[k]!r})"
 
     @torch.no_grad()
     def fail(self, i: int, value: bool | int | float | None) -> None:
@@ -227,7 +227,7 @@ class Output:
         None)."""
         for k, buf in enumerate(self.buffers):
             if value is not None:
-                check_fits(value, buf.dtype, "fill", self.where(k))
+                check_fits(value, buf.dtype, "fill", self.spec.where(k))
             buf[i - self.offset].fill_(0 if value is None else value)
 
     def unfail(self, i: int) -> None:

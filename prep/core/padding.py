@@ -122,7 +122,7 @@ class PaddedOutput(Output):
         super().__init__(spec, buffers, first_row, offset)
         self.pads = [value for value, _ in leaves]
         for k, (buf, pad) in enumerate(zip(buffers, self.pads)):
-            check_fits(pad, buf.dtype, "pad", self.where(k))
+            check_fits(pad, buf.dtype, "pad", self.spec.where(k))
         self.fixed = [to for _, to in leaves]
         shared = any(b.is_shared() for b in buffers)
         shapes = [(len(b), b.dim() - 1) for b in buffers]  # each row's size: int64 [rows, dims]
@@ -228,7 +228,7 @@ class PaddedOutput(Output):
         size = tuple(leaf.shape)
         if any(s > c for s, c in zip(size, cap)):
             if self.fixed[k] is not None:
-                raise too_large(i, size, self.fixed[k], self.where(k))
+                raise too_large(i, size, self.fixed[k], self.spec.where(k))
             buf = self._grow(k, size)
         row = buf[j]
         corner(row, size).copy_(leaf)
@@ -247,7 +247,7 @@ class PaddedOutput(Output):
             self.failed[i - self.offset] = value  # filled again once the size is final
             for k, (buf, sizes, pad) in enumerate(zip(self.buffers, self.sizes, self.pads)):
                 if value is not None:
-                    check_fits(value, buf.dtype, "fill", self.where(k))
+                    check_fits(value, buf.dtype, "fill", self.spec.where(k))
                 buf[i - self.offset].fill_(pad if value is None else value)
                 sizes[i - self.offset] = 0
 
@@ -284,7 +284,9 @@ class PaddedOutput(Output):
                         j = first_over(sizes, self.buffers[k].shape[1:])
                         if j is not None:
                             size = sizes[j].tolist()
-                            raise too_large(chunk.offset + j, size, self.fixed[k], self.where(k))
+                            raise too_large(
+                                chunk.offset + j, size, self.fixed[k], self.spec.where(k)
+                            )
                         part, cap = part[(slice(None), *box(longest))], longest
                 rows = self.buffers[k][lo : lo + n]
                 rows[(slice(None), *box(cap))].copy_(part)
@@ -337,29 +339,25 @@ def allocate(
     if padding is None:
         return Output.allocate(result, rows, row=row, pin=pin, shared=shared, offset=offset)
     spec, leaves = flatten(result, row=row)
-    per_leaf = padding.leaves(spec.kind, spec.keys, spec.n)
+    per_leaf = padding.leaves(spec)
     shapes = []
     for k, (leaf, (_, to)) in enumerate(zip(leaves, per_leaf)):
         if to is not None and len(to) != leaf.dim():
-            where = (
-                "" if spec.kind == "tensor" else f" (result {(spec.keys or range(spec.n))[k]!r})"
-            )
             raise ValueError(
                 f"pad_to={to} has {len(to)} dims but row {row} returned a {leaf.dim()}-d "
-                f"tensor{where}; give pad_to one size per dim of the row's result"
+                f"tensor{spec.where(k)}; give pad_to one size per dim of the row's result"
             )
         shapes.append(torch.Size(to) if to is not None else leaf.shape)
     template = spec.unflatten(
         [torch.empty(s, dtype=t.dtype, device=t.device) for s, t in zip(shapes, leaves)]
     )
     plain = Output.allocate(template, rows, row=row, pin=pin, shared=shared, offset=offset)
-    out = PaddedOutput(spec, plain.buffers, row, offset, per_leaf)
-    return out
+    return PaddedOutput(spec, plain.buffers, row, offset, per_leaf)
 
 
 def given_padded(out: Any, rows: int, padding: Padding) -> PaddedOutput:
     """``out=`` with ``pad=``: its shapes are fixed sizes, as ``pad_to`` would be."""
     plain = Output.given(out, rows)
-    per_leaf = padding.leaves(plain.spec.kind, plain.spec.keys, plain.spec.n)
+    per_leaf = padding.leaves(plain.spec)
     fixed = [(pad, tuple(b.shape[1:])) for (pad, _), b in zip(per_leaf, plain.buffers)]
     return PaddedOutput(plain.spec, plain.buffers, -1, 0, fixed)
