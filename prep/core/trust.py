@@ -152,24 +152,20 @@ class Probe:
         return None
 
     def deterministic(self) -> bool:
-        """Whether the rows computed again here equal the first results (computed once)."""
+        """Whether the rows computed again here, on fresh copies in this thread, equal
+        the first results (those whose first call did not fail; computed once)."""
         if self._deterministic is None:
-            again = self.here()
+            work = _pristine(self.rows, len(self.rows))
+            assert work is not None, "rows copied once copy again"
+            with generators_kept(self.drawn):
+                again = [
+                    None if first is None else _call(self.fn, work, i)
+                    for i, first in enumerate(self.results)
+                ]
             self._deterministic = all(
                 a is None or b is None or _same_leaves(a, b) for a, b in zip(self.results, again)
             )
         return self._deterministic
-
-    def here(self) -> list[Leaves | None]:
-        """The function on fresh copies of the rows, in this thread (not the rows whose
-        first call failed or was skipped)."""
-        work = _pristine(self.rows, len(self.rows))
-        assert work is not None, "rows copied once copy again"
-        with generators_kept(self.drawn):
-            return [
-                None if first is None else _call(self.fn, work, i)
-                for i, first in enumerate(self.results)
-            ]
 
     def disagreement(
         self,
