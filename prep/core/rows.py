@@ -269,14 +269,12 @@ def rows_of(batch: Any) -> TensorRows:
     A column that requires grad is taken detached: rows are data for preprocessing,
     and the workers of every executor get the same plain tensors serial computes on.
     """
+    names: tuple[str, ...] | None = None
     if isinstance(batch, Tensor):
         cols: tuple[Any, ...] = (batch,)
-        names = None
     elif isinstance(batch, Mapping):
-        names = tuple(batch)
-        cols = tuple(batch.values())
+        names, cols = tuple(batch), tuple(batch.values())
     elif isinstance(batch, (tuple, list)):
-        names = None
         cols = tuple(batch)
     elif callable(batch):
         raise TypeError(
