@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .._kept import keep_newest
 from .rowwise import unwrap_partial
 
 __all__ = ["identity", "key"]
@@ -114,9 +115,7 @@ def key(fn: Callable[..., Any]) -> Any:
     who = identity(fn)
     made = ("identity", json.dumps(who)) if who is not None else ("ids", _ids(fn))
     with _lock:
-        _keys[id(fn)] = (fn, made)
-        while len(_keys) > KEEP:
-            del _keys[next(iter(_keys))]
+        keep_newest(_keys, id(fn), (fn, made), KEEP)
     return made
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._kept import keep_newest
 from .._warn import warn
 from .generators import States
 from .generators import kept as generators_kept
@@ -233,9 +234,8 @@ def first_time(executor: Any, fn: Callable[..., Any]) -> bool:
     made = key(fn)
     with _lock:
         first = made not in seen
-        seen[made] = seen[id(fn)] = fn
-        while len(seen) > KEEP:
-            del seen[next(iter(seen))]
+        keep_newest(seen, made, fn, KEEP)
+        keep_newest(seen, id(fn), fn, KEEP)
         return first
 
 
