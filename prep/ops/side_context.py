@@ -197,11 +197,10 @@ def side_context(
         # windows' backward would need max_len times the inputs' memory
         index = _positions(base, 0, B, L, max_len)
         result = inputs.reshape(B * L, *rest).index_select(0, index).view(shape)
-        result.masked_fill_(pad.view(B, max_len, *[1] * len(rest)), pad_value)
     else:
         result = out if out is not None else inputs.new_empty(shape)
         _copy_windows(inputs, base, result)
-        _fill_padding(result, pad, pad_value)
+    _fill_padding(result, pad, pad_value)
     return (result, ~pad) if return_mask else result
 
 
