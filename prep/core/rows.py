@@ -68,9 +68,9 @@ class Rows(ABC):
         raise TypeError(f"{type(self).__name__} has no batched form: a list of samples")
 
     @property
-    @abstractmethod
     def nbytes(self) -> int:
         """Bytes of the batch's tensors (0 where not known without walking the rows)."""
+        return 0
 
     @property
     def device(self) -> torch.device:
@@ -188,10 +188,6 @@ class SampleRows(Rows):
     offset: int = 0
     check: ResultCheck | None = None  # under on_error='fill'/'skip': a bad result fails its row
     seeds: Seeding | None = None  # under seed=: what each row draws from, seeded for it
-
-    @property
-    def nbytes(self) -> int:
-        return 0  # not known without walking the samples
 
     def __len__(self) -> int:
         return len(self.samples)
