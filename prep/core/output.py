@@ -143,10 +143,8 @@ class Output:
                     f"has a shape but no data, so there is nothing to store); return tensors "
                     f"on a real device"
                 )
-            on_cpu = leaf.device.type == "cpu"
-            buffers.append(
-                empty((rows, *leaf.shape), leaf.dtype, leaf.device, pin, shared and on_cpu)
-            )
+            here = shared and leaf.device.type == "cpu"  # a CUDA leaf's buffer stays on it
+            buffers.append(empty((rows, *leaf.shape), leaf.dtype, leaf.device, pin, here))
         return cls(spec, buffers, row, offset)
 
     @classmethod
