@@ -144,7 +144,7 @@ def test_vectorized_executor_calls_the_batched_twin(monkeypatch: pytest.MonkeyPa
     inputs, mask = make_inputs(3, 5, (), torch.int64), torch.eye(3, 5, dtype=torch.bool)
     fn = functools.partial(side_context_row, side="right", max_len=2)
     module = importlib.import_module("prep.ops.side_context")  # the attribute is the function
-    monkeypatch.setattr(module, "_one_row", None)  # any row call fails
+    monkeypatch.setattr(module, "check_length", None)  # any row call fails
     got = prep.map_rows(
         fn, {"x": inputs, "mask": mask, "length": torch.tensor([5, 1, 4])}, executor="vectorized"
     )

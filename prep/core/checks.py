@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -25,7 +24,7 @@ def check_timeout(timeout: Any) -> float | None:
             f"timeout={timeout!r} is a {type(timeout).__name__}, not a number of seconds; "
             f"pass e.g. timeout=30 (an int or float > 0), or None for no limit"
         )
-    if (isinstance(timeout, float) and math.isnan(timeout)) or timeout <= 0:
+    if not timeout > 0:  # NaN too
         raise ValueError(
             f"timeout={_short(timeout)} is not a positive number of seconds; pass e.g. "
             f"timeout=30, or None for no limit"

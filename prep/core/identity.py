@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .._kept import keep_newest
 from .rowwise import unwrap_partial
 
 __all__ = ["identity", "key"]
@@ -88,10 +89,7 @@ def identity(fn: Callable[..., Any], depth: int = 0) -> Any:
         setup = getattr(store, "setup", None)
         parts = [identity(inner, depth + 1), identity(setup, depth + 1) if setup else None]
         return None if None in parts else ["with setup", *parts]
-    base, args, kwargs = unwrap_partial(fn)
-    if isinstance(base, types.MethodType):  # its object is bound to it, as an argument is
-        method: types.MethodType = base
-        base, args = method.__func__, (method.__self__, *args)
+    base, args, kwargs = _unwrap(fn)
     bound = [_value(a, depth + 1) for a in args]
     bound += [_value({k: v}, depth + 1) for k, v in sorted(kwargs.items())]
     name = f"{getattr(base, '__module__', None)}.{getattr(base, '__qualname__', None)}"
@@ -117,17 +115,22 @@ def key(fn: Callable[..., Any]) -> Any:
     who = identity(fn)
     made = ("identity", json.dumps(who)) if who is not None else ("ids", _ids(fn))
     with _lock:
-        _keys[id(fn)] = (fn, made)
-        while len(_keys) > KEEP:
-            del _keys[next(iter(_keys))]
+        keep_newest(_keys, id(fn), (fn, made), KEEP)
     return made
 
 
-def _ids(fn: Callable[..., Any]) -> Any:
+def _unwrap(fn: Callable[..., Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """``fn`` without its partials (:func:`unwrap_partial`), and a method without its
+    object, which is bound to it as an argument is (``obj.method`` is a new object at
+    every access)."""
     base, args, kwargs = unwrap_partial(fn)
-    if isinstance(base, types.MethodType):  # ``obj.method`` is a new object at every access
-        method: types.MethodType = base
-        base, args = method.__func__, (method.__self__, *args)
+    if isinstance(base, types.MethodType):
+        return base.__func__, (base.__self__, *args), kwargs
+    return base, args, kwargs
+
+
+def _ids(fn: Callable[..., Any]) -> Any:
+    base, args, kwargs = _unwrap(fn)
     return (id(base), tuple(map(_id, args)), tuple(sorted((k, _id(v)) for k, v in kwargs.items())))
 
 

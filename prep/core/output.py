@@ -19,6 +19,7 @@ from torch import Tensor
 from ..errors import ConfigError, StackError
 
 Result = Tensor | tuple[Tensor, ...] | dict[str, Tensor]
+CPU = torch.device("cpu")
 
 
 # ---------------------------------------------------------------- outputs
@@ -38,6 +39,13 @@ class Spec:
         if self.kind == "tuple":
             return tuple(leaves)
         return dict(zip(self.keys, leaves))
+
+    def where(self, k: int) -> str:
+        """`` (result 'key')`` for leaf ``k`` of a tuple or dict result."""
+        if self.kind == "tensor":
+            return ""
+        names: tuple[object, ...] = self.keys or tuple(range(self.n))
+        return f" (result {names[k]!r})"
 
 
 #: the structure of every single-tensor result (one object: compared by identity first)
@@ -135,14 +143,8 @@ class Output:
                     f"has a shape but no data, so there is nothing to store); return tensors "
                     f"on a real device"
                 )
-            if shared and leaf.device.type == "cpu":
-                buffers.append(shared_empty((rows, *leaf.shape), leaf.dtype))
-                continue
-            on_cpu = leaf.device.type == "cpu"
-            buf = torch.empty(
-                (rows, *leaf.shape), dtype=leaf.dtype, device=leaf.device, pin_memory=pin and on_cpu
-            )
-            buffers.append(buf)
+            here = shared and leaf.device.type == "cpu"  # a CUDA leaf's buffer stays on it
+            buffers.append(empty((rows, *leaf.shape), leaf.dtype, leaf.device, pin, here))
         return cls(spec, buffers, row, offset)
 
     @classmethod
@@ -168,7 +170,9 @@ class Output:
         """Empty buffers shaped like these, with ``rows`` rows (default: as many), on each
         buffer's own device (``device``: on that one; ``shared``: in CPU shared
         memory): the batch's output made from a worker's chunk, or a staging area."""
-        made = _empty_like(self.buffers, rows, pin, shared, device)
+        n = len(self) if rows is None else rows
+        on = [b.device if device is None else torch.device(device) for b in self.buffers]
+        made = [empty((n, *b.shape[1:]), b.dtype, d, pin, shared) for b, d in zip(self.buffers, on)]
         return Output(self.spec, made, self.first_row)
 
     @functools.cached_property
@@ -178,11 +182,8 @@ class Output:
     def __getstate__(self) -> dict[str, Any]:  # never pickle the cached layout
         return {k: v for k, v in self.__dict__.items() if k != "_layout"}
 
+    @torch.no_grad()  # preprocessing: outputs carry no autograd history
     def write(self, i: int, result: Any) -> None:
-        with torch.no_grad():  # preprocessing: outputs carry no autograd history
-            self._write(i, result)
-
-    def _write(self, i: int, result: Any) -> None:
         if (
             isinstance(result, Tensor)
             and self.spec.kind == "tensor"
@@ -212,27 +213,20 @@ class Output:
     def mismatch(self, i: int, k: int, leaf: Tensor, need: str) -> StackError:
         buf = self.buffers[k]
         return StackError(
-            f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{self.where(k)} but "
+            f"row {i} returned shape {tuple(leaf.shape)} {leaf.dtype}{self.spec.where(k)} but "
             f"{self._origin()} shape {tuple(buf.shape[1:])} {buf.dtype}; rows must "
             f"return {need}",
             row=i,
         )
 
-    def where(self, k: int) -> str:
-        """`` (result 'key')`` for leaf ``k`` of a tuple or dict result."""
-        if self.spec.kind == "tensor":
-            return ""
-        names: tuple[object, ...] = self.spec.keys or tuple(range(self.spec.n))
-        return f" (result {names[k]!r})"
-
+    @torch.no_grad()
     def fail(self, i: int, value: bool | int | float | None) -> None:
         """Row ``i`` failed (``on_error='fill'``): every leaf filled with ``value`` (0 if
         None)."""
-        with torch.no_grad():
-            for k, buf in enumerate(self.buffers):
-                if value is not None:
-                    check_fits(value, buf.dtype, "fill", self.where(k))
-                buf[i - self.offset].fill_(0 if value is None else value)
+        for k, buf in enumerate(self.buffers):
+            if value is not None:
+                check_fits(value, buf.dtype, "fill", self.spec.where(k))
+            buf[i - self.offset].fill_(0 if value is None else value)
 
     def unfail(self, i: int) -> None:
         """Row ``i`` is written after all (a failure the batch took back): nothing to
@@ -241,16 +235,16 @@ class Output:
     def finish(self) -> None:
         """Called once every row is written (a padded output trims itself here)."""
 
+    @torch.no_grad()
     def merge(self, chunk: Output) -> None:
         """The rows of a worker's ``chunk`` into rows ``chunk.offset:`` here."""
         start = chunk.offset
         self.check_spec(start, chunk.spec)
-        with torch.no_grad():
-            for k, (buf, part) in enumerate(zip(self.buffers, chunk.buffers)):
-                if part.shape[1:] != buf.shape[1:] or part.dtype != buf.dtype:
-                    raise self.mismatch(start, k, part[0], "equal shapes and dtypes (pass pad=)")
-                lo = start - self.offset
-                buf[lo : lo + len(part)].copy_(part)
+        for k, (buf, part) in enumerate(zip(self.buffers, chunk.buffers)):
+            if part.shape[1:] != buf.shape[1:] or part.dtype != buf.dtype:
+                raise self.mismatch(start, k, part[0], "equal shapes and dtypes (pass pad=)")
+            lo = start - self.offset
+            buf[lo : lo + len(part)].copy_(part)
 
     def lengths(self) -> Result:
         """Each row's size per leaf (all alike here): int64 ``[rows]`` for 1-D rows,
@@ -336,20 +330,16 @@ def shared_empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
     return torch.empty(0, dtype=dtype).set_(storage).view(dtype).view(tuple(shape))
 
 
-def _empty_like(
-    buffers: list[Tensor],
-    rows: int | None,
-    pin: bool,
-    shared: bool,
-    device: torch.device | str | None,
-) -> list[Tensor]:
-    made = []
-    for b in buffers:
-        shape = b.shape if rows is None else (rows, *b.shape[1:])
-        if shared:
-            made.append(shared_empty(shape, b.dtype))
-            continue
-        where = torch.device(device) if device is not None else b.device
-        pinned = pin and where.type == "cpu"  # a CUDA thread's chunk is not pinned: it is there
-        made.append(torch.empty(shape, dtype=b.dtype, device=where, pin_memory=pinned))
-    return made
+def empty(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device = CPU,
+    pin: bool = False,
+    shared: bool = False,
+) -> Tensor:
+    """An uninitialized tensor: in CPU shared memory where ``shared`` (whatever
+    ``device``), else on ``device``, pinned where ``pin`` and that is the CPU."""
+    if shared:
+        return shared_empty(shape, dtype)
+    pinned = pin and device.type == "cpu"  # a CUDA thread's chunk is not pinned: it is there
+    return torch.empty(shape, dtype=dtype, device=device, pin_memory=pinned)

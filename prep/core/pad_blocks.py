@@ -2,7 +2,7 @@
 
 A block is the results of a few consecutive rows, each flattened into its
 leaves. Blocks of 1-D rows into private memory are held as they came
-(:class:`HeldRows`) until the output is read: if by then they are every row,
+(where :func:`may_hold`) until the output is read: if by then they are every row,
 each leaf is one ``pad_sequence`` (what a loop over the rows would do);
 otherwise each block is padded into the output's rows with :func:`pad_into`.
 """
@@ -10,7 +10,6 @@ otherwise each block is padded into the output's rows with :func:`pad_into`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,6 +26,13 @@ def holdable(rows: Block, buffers: Sequence[Tensor]) -> bool:
         for leaves in rows
         for leaf, buf in zip(leaves, buffers)
     )
+
+
+def tensors(results: Sequence[object], buffers: Sequence[Tensor]) -> Block | None:
+    """``results`` as a block if each is a plain 1-D tensor of the one buffer's dtype (the
+    common ragged row, held without flattening and checking each); else None."""
+    rows = [[r] for r in results if type(r) is Tensor]
+    return rows if len(rows) == len(results) and holdable(rows, buffers) else None
 
 
 def all_full(rows: Block, buffers: Sequence[Tensor]) -> bool:
@@ -59,61 +65,28 @@ def pad_into(rows: Tensor, column: list[Tensor], pad: Number) -> list[int]:
     return lengths
 
 
-class HeldRows:
-    """Blocks of 1-D rows not yet written, by the buffer row each starts at."""
+def may_hold(buffers: Sequence[Tensor], fixed: Sequence[object]) -> bool:
+    """Whether an output of ``buffers`` may hold rows: 1-D rows of no fixed size
+    (``fixed``, per leaf), in private, unpinned memory (another process reads
+    shared memory without a word, and a pinned buffer must stay the one written)."""
+    return all(
+        b.dim() == 2 and not b.is_shared() and not b.is_pinned() and to is None
+        for b, to in zip(buffers, fixed)
+    )
 
-    def __init__(self) -> None:
-        self.blocks: list[tuple[int, Block]] = []
 
-    @staticmethod
-    def may_hold(buffers: Sequence[Tensor], fixed: Sequence[object]) -> bool:
-        """Whether an output of ``buffers`` may hold rows: 1-D rows of no fixed size
-        (``fixed``, per leaf), in private, unpinned memory (another process reads
-        shared memory without a word, and a pinned buffer must stay the one written)."""
-        return all(
-            b.dim() == 2 and not b.is_shared() and not b.is_pinned() and to is None
-            for b, to in zip(buffers, fixed)
-        )
-
-    def __bool__(self) -> bool:
-        return bool(self.blocks)
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def add(self, lo: int, rows: Block) -> None:
-        self.blocks.append((lo, rows))
-
-    def hold_tensors(self, lo: int, results: Sequence[Any], buffers: Sequence[Tensor]) -> bool:
-        """Hold ``results`` if each is a plain 1-D tensor of the one buffer's dtype (the
-        common ragged row, held without flattening and checking each); False, holding
-        none of them, if not."""
-        if len(buffers) != 1 or not all(type(r) is Tensor for r in results):
+def covers(blocks: list[tuple[int, Block]], rows: int) -> bool:
+    """Whether ``blocks`` (in row order) are rows ``0:rows``, each once."""
+    covered = 0
+    for lo, block in blocks:
+        if lo != covered:
             return False
-        rows = [[r] for r in results]
-        if not holdable(rows, buffers):
-            return False
-        self.add(lo, rows)
-        return True
+        covered += len(block)
+    return covered == rows
 
-    def take(self) -> list[tuple[int, Block]]:
-        """The held blocks in row order; none are held after."""
-        blocks, self.blocks = sorted(self.blocks, key=lambda b: b[0]), []
-        return blocks
 
-    @staticmethod
-    def covers(blocks: list[tuple[int, Block]], rows: int) -> bool:
-        """Whether ``blocks`` (in row order) are rows ``0:rows``, each once."""
-        covered = 0
-        for lo, block in blocks:
-            if lo != covered:
-                return False
-            covered += len(block)
-        return covered == rows
-
-    @staticmethod
-    def padded(blocks: list[tuple[int, Block]], k: int, pad: Number) -> tuple[Tensor, list[int]]:
-        """Leaf ``k`` of every row of ``blocks``, as one padded tensor, and its lengths."""
-        column = [leaves[k] for _, block in blocks for leaves in block]
-        out = torch.nn.utils.rnn.pad_sequence(column, batch_first=True, padding_value=pad)
-        return out, [t.shape[0] for t in column]
+def padded(blocks: list[tuple[int, Block]], k: int, pad: Number) -> tuple[Tensor, list[int]]:
+    """Leaf ``k`` of every row of ``blocks``, as one padded tensor, and its lengths."""
+    column = [leaves[k] for _, block in blocks for leaves in block]
+    out = torch.nn.utils.rnn.pad_sequence(column, batch_first=True, padding_value=pad)
+    return out, [t.shape[0] for t in column]

@@ -31,8 +31,18 @@ import torch
 from torch import Tensor
 
 from ..errors import StackError
-from .output import TENSOR, Output, Result, Spec, check_fits, flatten, shared_empty
-from .pad_blocks import HeldRows, all_full, holdable, pad_into, sequences_fit
+from .output import TENSOR, Output, Result, Spec, check_fits, empty, flatten
+from .pad_blocks import (
+    Block,
+    all_full,
+    covers,
+    holdable,
+    may_hold,
+    pad_into,
+    padded,
+    sequences_fit,
+    tensors,
+)
 from .pad_options import Number, Padding
 
 __all__ = ["Number", "Padding", "PaddedOutput", "allocate", "given_padded"]
@@ -41,6 +51,8 @@ __all__ = ["Number", "Padding", "PaddedOutput", "allocate", "given_padded"]
 #: has about ln(B) + 0.6 new longest rows: 6 at 256 rows, 8 at 1024)
 EXACT_GROWTHS = 16
 GROWTH = 1.25
+#: what rows of a padded output must return alike
+SAME_DIMS = "the same number of dims and the same dtype"
 
 # ---------------------------------------------------------------- in a buffer
 
@@ -78,11 +90,7 @@ def grown(buf: Tensor, need: Sequence[int], value: Number, growths: int) -> Tens
     factor = 1.0 if growths < EXACT_GROWTHS else GROWTH
     new_cap = tuple(c if n <= c else max(n, math.ceil(c * factor)) for c, n in zip(cap, need))
     pinned = buf.device.type == "cpu" and buf.is_pinned()
-    shape = (buf.shape[0], *new_cap)
-    if buf.is_shared():
-        new = shared_empty(shape, buf.dtype)
-    else:
-        new = torch.empty(shape, dtype=buf.dtype, device=buf.device, pin_memory=pinned)
+    new = empty((buf.shape[0], *new_cap), buf.dtype, buf.device, pinned, buf.is_shared())
     new[(slice(None), *box(cap))].copy_(buf)
     fill_outside(new, cap, value)
     return new
@@ -114,16 +122,18 @@ class PaddedOutput(Output):
         super().__init__(spec, buffers, first_row, offset)
         self.pads = [value for value, _ in leaves]
         for k, (buf, pad) in enumerate(zip(buffers, self.pads)):
-            check_fits(pad, buf.dtype, "pad", self.where(k))
+            check_fits(pad, buf.dtype, "pad", self.spec.where(k))
         self.fixed = [to for _, to in leaves]
         shared = any(b.is_shared() for b in buffers)
-        self.sizes = [_zeros((len(b), b.dim() - 1), shared) for b in buffers]  # int64 [rows, dims]
+        shapes = [(len(b), b.dim() - 1) for b in buffers]  # each row's size: int64 [rows, dims]
+        self.sizes = [empty(s, torch.int64, shared=shared).zero_() for s in shapes]
         self._sizes = [s.numpy() for s in self.sizes]  # the same memory: a row's write is cheap
         self.growths = [0] * len(buffers)
         self.failed: dict[int, Number | None] = {}  # row -> its fill (None: the pad)
         self.lock = threading.RLock()
-        self.held = HeldRows()  # blocks of 1-D rows not yet written
-        self.holding = HeldRows.may_hold(buffers, self.fixed)
+        #: blocks of 1-D rows not yet written, by the buffer row each starts at
+        self.held: list[tuple[int, Block]] = []
+        self.holding = may_hold(buffers, self.fixed)
 
     @property
     def buffers(self) -> list[Tensor]:
@@ -149,13 +159,12 @@ class PaddedOutput(Output):
         """Write the held rows: each leaf one ``pad_sequence`` if they are every row,
         else block by block into the (growing) buffers."""
         with torch.no_grad(), self.lock:
-            blocks = self.held.take()
+            blocks, self.held = sorted(self.held, key=lambda b: b[0]), []
             if not blocks:
                 return
-            if HeldRows.covers(blocks, len(self._buffers[0])) and not self.failed:
+            if covers(blocks, len(self._buffers[0])) and not self.failed:
                 for k, pad in enumerate(self.pads):
-                    self._buffers[k], lengths = HeldRows.padded(blocks, k, pad)
-                    self._sizes[k][:, 0] = lengths
+                    self._buffers[k], self._sizes[k][:, 0] = padded(blocks, k, pad)
                 return
             self.holding = False  # rows came another way too: no longer worth holding
             for lo, rows in blocks:
@@ -169,10 +178,10 @@ class PaddedOutput(Output):
         """Rows ``start, start + 1, ...``: checked and flattened outside the lock, then
         written under it, one lock and one ``no_grad`` a block."""
         lo = start - self.offset
-        if self.holding and self.spec is TENSOR:  # 1-D tensors as they come: held at once
+        if self.holding and self.spec is TENSOR and (held := tensors(results, self._buffers)):
             with self.lock:
-                if self.held.hold_tensors(lo, results, self._buffers):
-                    return
+                self.held.append((lo, held))
+            return
         rows = []
         for k, result in enumerate(results):
             spec, leaves = flatten(result, row=start + k)
@@ -180,7 +189,7 @@ class PaddedOutput(Output):
             rows.append(leaves)
         with torch.no_grad(), self.lock:
             if self.holding and holdable(rows, self._buffers):
-                self.held.add(lo, rows)
+                self.held.append((lo, rows))
                 return
             if self.held:
                 self.settle()
@@ -215,11 +224,11 @@ class PaddedOutput(Output):
             self._sizes[k][j] = cap
             return
         if leaf.dim() != len(cap) or leaf.dtype != buf.dtype:
-            raise self.mismatch(i, k, leaf, "the same number of dims and the same dtype")
+            raise self.mismatch(i, k, leaf, SAME_DIMS)
         size = tuple(leaf.shape)
         if any(s > c for s, c in zip(size, cap)):
             if self.fixed[k] is not None:
-                raise too_large(i, size, self.fixed[k], self.where(k))
+                raise too_large(i, size, self.fixed[k], self.spec.where(k))
             buf = self._grow(k, size)
         row = buf[j]
         corner(row, size).copy_(leaf)
@@ -234,12 +243,11 @@ class PaddedOutput(Output):
     def fail(self, i: int, value: Number | None) -> None:
         """Row ``i`` failed: every leaf filled with ``value`` (None: its pad value), and
         its sizes 0."""
-        if value is not None:
-            for k, buf in enumerate(self.buffers):
-                check_fits(value, buf.dtype, "fill", self.where(k))
         with torch.no_grad(), self.lock:
             self.failed[i - self.offset] = value  # filled again once the size is final
-            for buf, sizes, pad in zip(self.buffers, self.sizes, self.pads):
+            for k, (buf, sizes, pad) in enumerate(zip(self.buffers, self.sizes, self.pads)):
+                if value is not None:
+                    check_fits(value, buf.dtype, "fill", self.spec.where(k))
                 buf[i - self.offset].fill_(pad if value is None else value)
                 sizes[i - self.offset] = 0
 
@@ -263,8 +271,7 @@ class PaddedOutput(Output):
         self.check_spec(chunk.offset, chunk.spec)
         for k, (part, buf) in enumerate(zip(chunk.buffers, self.buffers)):
             if part.dtype != buf.dtype or part.dim() != buf.dim():  # as _put refuses a row
-                need = "the same number of dims and the same dtype"
-                raise self.mismatch(chunk.first_row, k, part[0], need)
+                raise self.mismatch(chunk.first_row, k, part[0], SAME_DIMS)
         lo, n = chunk.offset - self.offset, len(chunk)
         with torch.no_grad(), self.lock:
             for k, (part, sizes) in enumerate(zip(chunk.buffers, chunk.sizes)):
@@ -277,7 +284,9 @@ class PaddedOutput(Output):
                         j = first_over(sizes, self.buffers[k].shape[1:])
                         if j is not None:
                             size = sizes[j].tolist()
-                            raise too_large(chunk.offset + j, size, self.fixed[k], self.where(k))
+                            raise too_large(
+                                chunk.offset + j, size, self.fixed[k], self.spec.where(k)
+                            )
                         part, cap = part[(slice(None), *box(longest))], longest
                 rows = self.buffers[k][lo : lo + n]
                 rows[(slice(None), *box(cap))].copy_(part)
@@ -314,14 +323,6 @@ def first_over(sizes: Tensor, limit: Sequence[int]) -> int | None:
     return int(over[0]) if len(over) else None
 
 
-def _zeros(shape: tuple[int, ...], shared: bool) -> Tensor:
-    return (
-        shared_empty(shape, torch.int64).zero_()
-        if shared
-        else torch.zeros(shape, dtype=torch.int64)
-    )
-
-
 def allocate(
     result: Any,
     rows: int,
@@ -338,29 +339,25 @@ def allocate(
     if padding is None:
         return Output.allocate(result, rows, row=row, pin=pin, shared=shared, offset=offset)
     spec, leaves = flatten(result, row=row)
-    per_leaf = padding.leaves(spec.kind, spec.keys, spec.n)
+    per_leaf = padding.leaves(spec)
     shapes = []
     for k, (leaf, (_, to)) in enumerate(zip(leaves, per_leaf)):
         if to is not None and len(to) != leaf.dim():
-            where = (
-                "" if spec.kind == "tensor" else f" (result {(spec.keys or range(spec.n))[k]!r})"
-            )
             raise ValueError(
                 f"pad_to={to} has {len(to)} dims but row {row} returned a {leaf.dim()}-d "
-                f"tensor{where}; give pad_to one size per dim of the row's result"
+                f"tensor{spec.where(k)}; give pad_to one size per dim of the row's result"
             )
         shapes.append(torch.Size(to) if to is not None else leaf.shape)
     template = spec.unflatten(
         [torch.empty(s, dtype=t.dtype, device=t.device) for s, t in zip(shapes, leaves)]
     )
     plain = Output.allocate(template, rows, row=row, pin=pin, shared=shared, offset=offset)
-    out = PaddedOutput(spec, plain.buffers, row, offset, per_leaf)
-    return out
+    return PaddedOutput(spec, plain.buffers, row, offset, per_leaf)
 
 
 def given_padded(out: Any, rows: int, padding: Padding) -> PaddedOutput:
     """``out=`` with ``pad=``: its shapes are fixed sizes, as ``pad_to`` would be."""
     plain = Output.given(out, rows)
-    per_leaf = padding.leaves(plain.spec.kind, plain.spec.keys, plain.spec.n)
+    per_leaf = padding.leaves(plain.spec)
     fixed = [(pad, tuple(b.shape[1:])) for (pad, _), b in zip(per_leaf, plain.buffers)]
     return PaddedOutput(plain.spec, plain.buffers, -1, 0, fixed)

@@ -49,10 +49,10 @@ class Rows(ABC):
         """How the row function is called on a row: how many positional arguments, and
         the names of the keyword ones."""
 
-    @abstractmethod
     def checking(self, check: ResultCheck | None) -> Rows:
         """These rows, each row's result checked by ``check`` as it returns (a bad
         result then raises inside the row's call, where its row is known)."""
+        return dataclasses.replace(self, check=check)  # type: ignore[type-var]
 
     def seeding(self, seeds: Seeding | None) -> Rows:
         """These rows, each row's draws seeded by ``seeds`` (``seed=``)."""
@@ -68,18 +68,18 @@ class Rows(ABC):
         raise TypeError(f"{type(self).__name__} has no batched form: a list of samples")
 
     @property
-    @abstractmethod
     def nbytes(self) -> int:
         """Bytes of the batch's tensors (0 where not known without walking the rows)."""
+        return 0
 
     @property
     def device(self) -> torch.device:
         """Where the batch lives (CPU for a list of samples)."""
         return torch.device("cpu")
 
-    @abstractmethod
     def head(self, stop: int) -> Rows:
         """The first ``stop`` rows, sharing this batch's memory."""
+        return self.window(self.offset, self.offset + stop)
 
     @abstractmethod
     def window(self, start: int, stop: int) -> Rows:
@@ -131,10 +131,6 @@ class TensorRows(Rows):
     def arguments(self) -> tuple[int, tuple[str, ...]]:
         return (0, self.names) if self.names is not None else (len(self.columns), ())
 
-    def checking(self, check: ResultCheck | None) -> TensorRows:
-        """These rows, each row's result checked by ``check`` as it returns."""
-        return dataclasses.replace(self, check=check)
-
     @functools.cached_property
     def _views(self) -> dict[int, list[tuple[Tensor, ...]]]:
         return {}
@@ -154,11 +150,6 @@ class TensorRows(Rows):
         if self.names is not None:
             return fn(**dict(zip(self.names, self.columns)))
         return fn(*self.columns)
-
-    def head(self, stop: int) -> TensorRows:
-        """The first ``stop`` rows."""
-        columns = tuple(c[:stop] for c in self.columns)
-        return TensorRows(columns, self.names, self.offset, self.check, self.seeds)
 
     def window(self, start: int, stop: int) -> TensorRows:
         a, b = start - self.offset, stop - self.offset
@@ -198,10 +189,6 @@ class SampleRows(Rows):
     check: ResultCheck | None = None  # under on_error='fill'/'skip': a bad result fails its row
     seeds: Seeding | None = None  # under seed=: what each row draws from, seeded for it
 
-    @property
-    def nbytes(self) -> int:
-        return 0  # not known without walking the samples
-
     def __len__(self) -> int:
         return len(self.samples)
 
@@ -216,14 +203,6 @@ class SampleRows(Rows):
 
     def arguments(self) -> tuple[int, tuple[str, ...]]:
         return (1, ())
-
-    def checking(self, check: ResultCheck | None) -> SampleRows:
-        """These rows, each row's result checked by ``check`` as it returns."""
-        return dataclasses.replace(self, check=check)
-
-    def head(self, stop: int) -> SampleRows:
-        """The first ``stop`` rows."""
-        return SampleRows(self.samples[:stop], self.offset, self.check, self.seeds)
 
     def layout(self) -> Any:
         return ("samples", type(self.samples[0]).__qualname__ if self.samples else None)
@@ -286,14 +265,12 @@ def rows_of(batch: Any) -> TensorRows:
     A column that requires grad is taken detached: rows are data for preprocessing,
     and the workers of every executor get the same plain tensors serial computes on.
     """
+    names: tuple[str, ...] | None = None
     if isinstance(batch, Tensor):
         cols: tuple[Any, ...] = (batch,)
-        names = None
     elif isinstance(batch, Mapping):
-        names = tuple(batch)
-        cols = tuple(batch.values())
+        names, cols = tuple(batch), tuple(batch.values())
     elif isinstance(batch, (tuple, list)):
-        names = None
         cols = tuple(batch)
     elif callable(batch):
         raise TypeError(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from .checks import takes_keyword
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,15 +47,9 @@ class BoundTwin:
     def unknown(self, names: Sequence[str]) -> list[str]:
         """The columns, passed by these names, that the batched function has no
         parameter for (after ``rename``); none where its signature is unknown."""
-        try:
-            params = inspect.signature(self.twin.batched).parameters
-        except (TypeError, ValueError):
-            return []
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return []
-        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        takes = {n for n, p in params.items() if p.kind in kinds}
-        return [k for k in names if self.twin.rename.get(k, k) not in takes]
+        return [
+            k for k in names if not takes_keyword(self.twin.batched, self.twin.rename.get(k, k))
+        ]
 
 
 def rowwise(

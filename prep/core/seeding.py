@@ -137,11 +137,7 @@ class _Run:
             self.python = now.random != self.after_first.random
             self.numpy = not same_numpy(now.numpy, self.after_first.numpy)
             self.after_first, self.unseeded = None, now
-        torch.random.default_generator.manual_seed(seed)
-        if self.python:
-            random.seed(seed)
-        if self.numpy and (np := sys.modules.get("numpy")) is not None:
-            np.random.seed(seed % 2**32)
+        _seed_all(seed, self.python, self.numpy)
 
     def check(self) -> None:
         """A generator left unseeded after the first row must not have moved since."""
@@ -163,8 +159,9 @@ class _Run:
             )
 
 
-def _seed_all(seed: int) -> None:
+def _seed_all(seed: int, python: bool = True, numpy: bool = True) -> None:
     torch.random.default_generator.manual_seed(seed)  # not torch.manual_seed: no CUDA
-    random.seed(seed)
-    if (np := sys.modules.get("numpy")) is not None:
+    if python:
+        random.seed(seed)
+    if numpy and (np := sys.modules.get("numpy")) is not None:
         np.random.seed(seed % 2**32)  # numpy's legacy seeds are 32-bit

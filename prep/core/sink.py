@@ -36,7 +36,7 @@ class Sink:
     failures: Failures = field(default_factory=Failures)
     progress: Callable[[int], None] | None = None  # told as rows finish (progress=True)
 
-    def store(self, i: int, result: Any, *, shared: bool = False) -> None:
+    def store(self, i: int, result: Any) -> None:
         """Row ``i``'s result, the output allocated from it if there is none yet."""
         if self.output is None:
             self.adopt(
@@ -46,7 +46,7 @@ class Sink:
                     padding=self.policy.padding,
                     row=i,
                     pin=self.pin,
-                    shared=shared or self.shared,
+                    shared=self.shared,
                     offset=self.offset,
                 )
             )

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from multiprocessing import util
 from typing import Any
 
+from .._kept import keep_newest
 from ..errors import ConfigError, SetupError
 from .checks import describe_callable, takes_keyword
 
@@ -143,9 +144,8 @@ class Binder:
             with self._lock:
                 bound = self._bound.get(fn)
                 if bound is None:
-                    if len(self._bound) >= self.LIMIT:
-                        self._bound.pop(next(iter(self._bound)))
-                    bound = self._bound[fn] = WithState(fn, self.store)
+                    bound = WithState(fn, self.store)
+                    keep_newest(self._bound, fn, bound, self.LIMIT)
                 return bound
         except TypeError:  # an unhashable callable: a wrapper per call
             return WithState(fn, self.store)

@@ -36,11 +36,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._kept import keep_newest
 from .._warn import warn
 from .generators import States
 from .generators import kept as generators_kept
 from .identity import key
 from .output import Output, Spec, flatten
+from .padding import corner
 from .rows import Rows, SampleRows, TensorRows
 from .state import WithState
 
@@ -110,9 +112,7 @@ def row_of(output: Output, i: int, spec: Spec, leaves: list[Tensor]) -> list[Ten
         r = buf[i - output.offset]
         if r.dim() != leaf.dim() or any(s > t for s, t in zip(leaf.shape, r.shape)):
             return None
-        for d, size in enumerate(leaf.shape):
-            r = r.narrow(d, 0, size)
-        row.append(r)
+        row.append(corner(r, leaf.shape))
     return row
 
 
@@ -131,13 +131,11 @@ class Probe:
     _deterministic: bool | None = field(default=None, repr=False)
 
     @classmethod
-    def take(
-        cls, fn: Callable[..., Any], rows: Rows, k: int = ROWS, skip: Collection[int] = ()
-    ) -> Probe | None:
-        """Copy the first ``k`` rows and run ``fn`` on another copy of each, here; rows in
-        ``skip`` are not run (rows that failed elsewhere: one that killed its worker
-        process must never run in this one)."""
-        k = min(k, len(rows))
+    def take(cls, fn: Callable[..., Any], rows: Rows, skip: Collection[int] = ()) -> Probe | None:
+        """Copy the first :data:`ROWS` rows and run ``fn`` on another copy of each, here;
+        rows in ``skip`` are not run (rows that failed elsewhere: one that killed its
+        worker process must never run in this one)."""
+        k = min(ROWS, len(rows))
         pristine, work = _pristine(rows, k), _pristine(rows, k)
         if pristine is None or work is None or k == 0:
             return None
@@ -155,24 +153,20 @@ class Probe:
         return None
 
     def deterministic(self) -> bool:
-        """Whether the rows computed again here equal the first results (computed once)."""
+        """Whether the rows computed again here, on fresh copies in this thread, equal
+        the first results (those whose first call did not fail; computed once)."""
         if self._deterministic is None:
-            again = self.here()
+            work = _pristine(self.rows, len(self.rows))
+            assert work is not None, "rows copied once copy again"
+            with generators_kept(self.drawn):
+                again = [
+                    None if first is None else _call(self.fn, work, i)
+                    for i, first in enumerate(self.results)
+                ]
             self._deterministic = all(
                 a is None or b is None or _same_leaves(a, b) for a, b in zip(self.results, again)
             )
         return self._deterministic
-
-    def here(self) -> list[Leaves | None]:
-        """The function on fresh copies of the rows, in this thread (not the rows whose
-        first call failed or was skipped)."""
-        work = _pristine(self.rows, len(self.rows))
-        assert work is not None, "rows copied once copy again"
-        with generators_kept(self.drawn):
-            return [
-                None if first is None else _call(self.fn, work, i)
-                for i, first in enumerate(self.results)
-            ]
 
     def disagreement(
         self,
@@ -240,9 +234,8 @@ def first_time(executor: Any, fn: Callable[..., Any]) -> bool:
     made = key(fn)
     with _lock:
         first = made not in seen
-        seen[made] = seen[id(fn)] = fn
-        while len(seen) > KEEP:
-            del seen[next(iter(seen))]
+        keep_newest(seen, made, fn, KEEP)
+        keep_newest(seen, id(fn), fn, KEEP)
         return first
 
 
@@ -271,9 +264,7 @@ def check_named(
     checked: its state would have to be built here, in the caller, just for that."""
     if output is None or len(rows) == 0 or not (other_interpreter or twin is not None):
         return None
-    if isinstance(fn, WithState):
-        return None
-    if not first_time(executor, fn):
+    if isinstance(fn, WithState) or not first_time(executor, fn):
         return None
     probe = Probe.take(fn, rows, skip=failed)
     if probe is None or not probe.deterministic():

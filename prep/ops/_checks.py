@@ -24,7 +24,6 @@ __all__ = [
     "check_lengths",
     "check_options",
     "check_out",
-    "check_pad",
     "check_tensors",
 ]
 
@@ -73,20 +72,15 @@ def check_options(side: object, max_len: object, pad_value: object, dtype: torch
         ) from None
     if max_len < 0:
         raise ValueError(f"max_len={max_len} is negative, expected an int >= 0")
-    check_pad(pad_value, dtype)
-    return max_len
-
-
-def check_pad(pad_value: object, dtype: torch.dtype) -> None:
     if not isinstance(pad_value, (int, float, bool)):
         raise TypeError(
             f"pad_value={pad_value!r} is a {type(pad_value).__name__}, expected a Python number"
         )
-    if dtype.is_floating_point or dtype.is_complex:
-        return
-    if pad_value != int(pad_value) or (dtype == torch.bool and pad_value not in (0, 1)):
+    exact = not (dtype.is_floating_point or dtype.is_complex)  # an integer or bool dtype
+    if exact and (pad_value != int(pad_value) or (dtype == torch.bool and pad_value not in (0, 1))):
         need = "False or True" if dtype == torch.bool else "an integer"
         raise ValueError(f"pad_value={pad_value!r} cannot be stored in {dtype} inputs; pass {need}")
+    return max_len
 
 
 def check_lengths(lengths: object, inputs: Tensor) -> Tensor:
@@ -136,9 +130,10 @@ def check_out(out: object, shape: tuple[int, ...], inputs: Tensor) -> Tensor:
     return out
 
 
-def check_length(length: object, L: int) -> int | None:
+def check_length(length: object, L: int) -> int:
+    """``length`` as an int in ``[0, L]`` (``L`` if None)."""
     if length is None:
-        return None
+        return L
     if isinstance(length, Tensor):
         if length.dim() != 0 or length.dtype.is_floating_point or length.dtype == torch.bool:
             raise ValueError(

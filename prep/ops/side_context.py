@@ -197,38 +197,14 @@ def side_context(
         # windows' backward would need max_len times the inputs' memory
         index = _positions(base, 0, B, L, max_len)
         result = inputs.reshape(B * L, *rest).index_select(0, index).view(shape)
-        result.masked_fill_(pad.view(B, max_len, *[1] * len(rest)), pad_value)
     else:
         result = out if out is not None else inputs.new_empty(shape)
         _copy_windows(inputs, base, result)
-        _fill_padding(result, pad, pad_value)
+    _fill_padding(result, pad, pad_value)
     return (result, ~pad) if return_mask else result
 
 
 # ------------------------------------------------------------------ one row
-
-
-def _one_row(
-    x: Tensor, mask: Tensor, side: Side, max_len: int, length: int | None, pad_value: Number
-) -> Tensor:
-    """The row computation, after the checks."""
-    L, feat = x.shape[0], tuple(x.shape[1:])
-    n = L if length is None else length
-    where = mask.nonzero()
-    start = stop = 0
-    if where.numel() and side == "left":
-        stop = min(int(where[0, 0]), n)
-        start = max(stop - max_len, 0)
-    elif where.numel():
-        start = int(where[-1, 0]) + 1
-        stop = max(start, min(n, start + max_len))
-    result = x.new_full((max_len, *feat), pad_value)
-    count = stop - start
-    if count:
-        # copy_ into a slice keeps autograd (the padding simply gets no gradient)
-        at = max_len - count if side == "left" else 0
-        result[at : at + count] = x[start:stop]
-    return result
 
 
 @rowwise(batched=side_context, rename={"x": "inputs", "length": "lengths"})
@@ -258,4 +234,20 @@ def side_context_row(
     """
     check_tensors(x, mask, 1, "x")
     max_len = check_options(side, max_len, pad_value, x.dtype)
-    return _one_row(x, mask, side, max_len, check_length(length, x.shape[0]), pad_value)
+    L, feat = x.shape[0], tuple(x.shape[1:])
+    n = check_length(length, L)
+    where = mask.nonzero()
+    start = stop = 0
+    if where.numel() and side == "left":
+        stop = min(int(where[0, 0]), n)
+        start = max(stop - max_len, 0)
+    elif where.numel():
+        start = int(where[-1, 0]) + 1
+        stop = max(start, min(n, start + max_len))
+    result = x.new_full((max_len, *feat), pad_value)
+    count = stop - start
+    if count:
+        # copy_ into a slice keeps autograd (the padding simply gets no gradient)
+        at = max_len - count if side == "left" else 0
+        result[at : at + count] = x[start:stop]
+    return result
