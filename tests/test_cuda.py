@@ -72,3 +72,13 @@ def test_collate_moves_to_the_device_in_the_main_process_only():
     assert all(b.device.type == "cpu" and b.is_pinned() for b in batches)
     collate.close()
     pinned.close()
+
+
+@pytest.mark.parametrize("executor", ["serial", "threads"])
+def test_padded_rows_that_grow_stay_on_the_gpu(executor):
+    # a CUDA tensor's is_shared() is always True: a padded buffer grown for a longer row
+    # must stay on the GPU, not move to CPU shared memory
+    samples = [torch.arange(n, device="cuda") for n in (1, 5, 2, 9, 3)]
+    got = prep.map_samples(rowfns.identity, samples, pad=0, executor=executor, workers=2)
+    want = torch.nn.utils.rnn.pad_sequence(samples, batch_first=True)
+    assert got.device.type == "cuda" and torch.equal(got, want)

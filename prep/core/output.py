@@ -330,6 +330,12 @@ def shared_empty(shape: Sequence[int], dtype: torch.dtype) -> Tensor:
     return torch.empty(0, dtype=dtype).set_(storage).view(dtype).view(tuple(shape))
 
 
+def in_shm(t: Tensor) -> bool:
+    """Whether ``t`` lives in CPU shared memory (``is_shared()`` alone is always True
+    for a CUDA tensor, whose memory may be shared between processes another way)."""
+    return t.device.type == "cpu" and t.is_shared()
+
+
 def empty(
     shape: Sequence[int],
     dtype: torch.dtype,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .output import in_shm
 from .pad_options import Number
 
 Block = list[list[Tensor]]  # rows, each its leaves
@@ -70,7 +71,7 @@ def may_hold(buffers: Sequence[Tensor], fixed: Sequence[object]) -> bool:
     (``fixed``, per leaf), in private, unpinned memory (another process reads
     shared memory without a word, and a pinned buffer must stay the one written)."""
     return all(
-        b.dim() == 2 and not b.is_shared() and not b.is_pinned() and to is None
+        b.dim() == 2 and not in_shm(b) and not b.is_pinned() and to is None
         for b, to in zip(buffers, fixed)
     )
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..errors import StackError
-from .output import TENSOR, Output, Result, Spec, check_fits, empty, flatten
+from .output import TENSOR, Output, Result, Spec, check_fits, empty, flatten, in_shm
 from .pad_blocks import (
     Block,
     all_full,
@@ -90,7 +90,7 @@ def grown(buf: Tensor, need: Sequence[int], value: Number, growths: int) -> Tens
     factor = 1.0 if growths < EXACT_GROWTHS else GROWTH
     new_cap = tuple(c if n <= c else max(n, math.ceil(c * factor)) for c, n in zip(cap, need))
     pinned = buf.device.type == "cpu" and buf.is_pinned()
-    new = empty((buf.shape[0], *new_cap), buf.dtype, buf.device, pinned, buf.is_shared())
+    new = empty((buf.shape[0], *new_cap), buf.dtype, buf.device, pinned, in_shm(buf))
     new[(slice(None), *box(cap))].copy_(buf)
     fill_outside(new, cap, value)
     return new
@@ -124,7 +124,7 @@ class PaddedOutput(Output):
         for k, (buf, pad) in enumerate(zip(buffers, self.pads)):
             check_fits(pad, buf.dtype, "pad", self.spec.where(k))
         self.fixed = [to for _, to in leaves]
-        shared = any(b.is_shared() for b in buffers)
+        shared = any(in_shm(b) for b in buffers)
         shapes = [(len(b), b.dim() - 1) for b in buffers]  # each row's size: int64 [rows, dims]
         self.sizes = [empty(s, torch.int64, shared=shared).zero_() for s in shapes]
         self._sizes = [s.numpy() for s in self.sizes]  # the same memory: a row's write is cheap

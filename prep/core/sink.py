@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RowError, WorkerCrashed
-from .output import Output
+from .output import Output, in_shm
 from .padding import allocate
 from .policy import RAISE, Failures, Policy
 
@@ -77,7 +77,7 @@ class Sink:
             type(chunk) is Output
             and chunk.offset == self.offset
             and not self.pin
-            and all(len(b) == self.rows and not b.is_shared() for b in chunk.buffers)
+            and all(len(b) == self.rows and not in_shm(b) for b in chunk.buffers)
         )
 
     def advance(self, rows: int) -> None:
