@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from .._kept import keep_newest
 from .._version import __version__
 from ..core.identity import identity
 from ..executors import available_cores
@@ -245,10 +246,7 @@ def _merge(path: Path, new: dict[str, Any]) -> bool:
         with _locked(path):
             entries = _read(path)
             for wkey, entry in new.items():
-                entries.pop(wkey, None)  # re-inserted last: the newest
-                entries[wkey] = entry
-            while len(entries) > ENTRIES:
-                del entries[next(iter(entries))]
+                keep_newest(entries, wkey, entry, ENTRIES)
             _write(path, entries)
     except OSError:
         return False
