@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["writer_alive"]
+__all__ = ["running", "writer_alive"]
 
 
-def writer_alive(pid: int, mtime: float) -> bool:
-    """Whether process ``pid`` may still be writing a file last written at ``mtime``."""
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a killed process not yet
+    reaped, as good as dead). Reads no clock: a worker watches its parent with it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -19,6 +20,13 @@ def writer_alive(pid: int, mtime: float) -> bool:
     except PermissionError:  # another user's live process
         pass
     except OverflowError:  # no such PID can exist
+        return False
+    return _started(pid) != float("inf")
+
+
+def writer_alive(pid: int, mtime: float) -> bool:
+    """Whether process ``pid`` may still be writing a file last written at ``mtime``."""
+    if not running(pid):
         return False
     started = _started(pid)
     # slack: the boot time is whole seconds and the wall clock may have been adjusted;

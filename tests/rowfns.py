@@ -233,3 +233,8 @@ def exits_politely(row: torch.Tensor) -> torch.Tensor:
     if int(row.flatten()[0]) == 1:
         sys.exit(3)
     return row
+
+
+def scaled_by(x: torch.Tensor, fn: int = 1, names: int = 1, positional: int = 1) -> torch.Tensor:
+    """Keywords named as prep's own call checks name their parameters (--arg fn=...)."""
+    return x * fn * names * positional

@@ -96,6 +96,18 @@ def test_fn_may_be_a_file_path(tmp_path, capsys, monkeypatch, spec, executor):
     assert Manifest(tmp_path / "out").entries()["a.pt"]["fn"] == spec  # as given
 
 
+@pytest.mark.parametrize("columns", [[], ["--columns", "x"]])
+def test_args_may_share_names_with_prep_s_own_parameters(tmp_path, capsys, columns):
+    data = tmp_path / "data"
+    W.save_shard({"x": torch.arange(8.0).view(4, 2)}, data / "a.pt", "pt")
+    args = ["--arg", "fn=2", "--arg", "names=3", "--arg", "positional=5"]
+    code = cli("run", data, "--out", tmp_path / "o", "--fn", "tests.rowfns:scaled_by", *args,
+               "--executor", "serial", *columns)  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    want = torch.stack([row * 30 for row in torch.arange(8.0).view(4, 2)])
+    assert torch.equal(S.load_shard(tmp_path / "o" / "a.pt")["out"], want)
+
+
 def test_fn_path_that_is_not_a_file_says_what_to_pass(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     data = tokens(tmp_path / "data", shards=1)

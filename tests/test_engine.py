@@ -230,3 +230,32 @@ def test_a_function_that_travels_by_name_is_pickled_once_and_a_closure_each_batc
     first = fns.add(closure).key
     scale.fill_(3.0)  # what it captures changed: the workers must see the new value
     assert fns.add(closure).key != first and pickled[2:] == [closure, closure]
+
+
+def test_a_measurement_on_its_own_intra_op_threads_runs_in_a_daemon_thread():
+    # a daemon: Ctrl-C in the caller's join returns at once, and a row that hangs there
+    # never blocks the interpreter's exit; the caller's own setting is left as it was
+    import threading
+
+    from prep.executors._daemons import on_intra_op_threads
+
+    before = torch.get_num_threads()
+    seen = on_intra_op_threads(
+        lambda: (threading.current_thread().daemon, torch.get_num_threads()), 1
+    )
+    assert seen == (True, 1) and torch.get_num_threads() == before
+    with pytest.raises(ZeroDivisionError):
+        on_intra_op_threads(lambda: 1 / 0, 1)
+
+
+def test_a_worker_s_parent_watch_sees_live_and_ended_processes():
+    # what a worker's watch asks (prep._writers.running): no start time, so a wall clock
+    # stepped forward cannot make a live parent look gone
+    import subprocess
+
+    from prep._writers import running
+
+    assert running(os.getpid()) and running(os.getppid())
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert not running(child.pid)

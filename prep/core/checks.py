@@ -104,11 +104,12 @@ def signature(fn: Callable[..., Any]) -> inspect.Signature | None:
 
 
 def call_problem(
-    fn: Callable[..., Any], positional: int = 0, names: Sequence[str] = (), **given: Any
+    fn: Callable[..., Any], positional: int = 0, names: Sequence[str] = (), /, **given: Any
 ) -> str | None:
     """Why ``fn`` cannot be called with ``positional`` arguments, keywords ``names`` and
     ``given`` (torch's words, e.g. "missing a required argument: 'max_len'"), or None
-    if it can (or its signature is unknown). Only names are bound: nothing runs."""
+    if it can (or its signature is unknown). Only names are bound: nothing runs.
+    Positional-only, so that ``given`` may name ``fn`` (a user's --arg fn=...)."""
     sig = signature(fn)
     if sig is None:
         return None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import torch
@@ -41,13 +40,24 @@ def on_intra_op_threads(fn: Callable[[], T], intra: int) -> T:
     """``fn()`` run in a short-lived thread of its own with torch on ``intra``
     intra-op threads; its result, or its exception raised here. The caller's
     setting and torch's default for new threads are left as they were."""
+    box: list[T] = []
+    failed: list[BaseException] = []
 
-    def target() -> T:
+    def target() -> None:
         own_intra_op_threads(intra)
-        return fn()
+        try:
+            box.append(fn())
+        except BaseException as exc:  # re-raised in the caller's thread
+            failed.append(exc)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="prep-intra-op") as thread:
-        return thread.submit(target).result()
+    # a daemon joined here, not a ThreadPoolExecutor's thread: Ctrl-C in the join
+    # returns at once, and a function that hangs never blocks the interpreter's exit
+    t = threading.Thread(target=target, daemon=True, name="prep-intra-op")
+    t.start()
+    t.join()
+    if failed:
+        raise failed[0]
+    return box[0]
 
 
 __all__ = ["on_intra_op_threads", "own_intra_op_threads"]

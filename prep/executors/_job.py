@@ -130,12 +130,22 @@ class Job:
             raise _row_error(i, exc) from exc
         return results
 
+    def compute_row(self, i: int) -> Any:
+        """Row ``i``'s result alone (no list to build: a per-row path), as :meth:`compute`."""
+        try:
+            return self.rows.call(self.fn, i)
+        except SetupError:
+            raise
+        except Exception as exc:
+            raise _row_error(i, exc) from exc
+
     def outcome(self, i: int) -> Any:
         """Row ``i``'s result once the deadline is checked (per row: a slow row cannot
         hide a block's worth), or FAILED where the policy keeps its error to itself."""
-        self.check_deadline()
+        if self.timeout is not None:
+            self.check_deadline()
         try:
-            return self.compute(i, i + 1)[0]
+            return self.compute_row(i)
         except RowError as error:
             if not self.policy.per_row_errors:
                 raise

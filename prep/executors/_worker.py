@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .._writers import writer_alive
+from .._writers import running
 from ..core.output import Output
 from ..core.policy import RAISE, Policy, ResultCheck
 from ..core.rows import Rows
@@ -40,10 +40,10 @@ def limit_threads(threads: int) -> None:
 def _watch_parent(pid: int, every: float = 0.5) -> None:
     """Exit when the main process is gone, even while the row function hangs."""
 
-    since = time.time()  # a process started after this is not the parent: its PID reused
-
     def watch() -> None:
-        while writer_alive(pid, since):  # a killed parent not yet reaped is as good as dead
+        # no start-time check (writer_alive's): a wall clock stepped forward would make
+        # the live parent look younger than this worker, and end the worker
+        while running(pid):
             time.sleep(every)
         os._exit(1)  # releases this worker's shared memory with its file descriptors
 
