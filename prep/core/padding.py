@@ -243,11 +243,12 @@ class PaddedOutput(Output):
     def fail(self, i: int, value: Number | None) -> None:
         """Row ``i`` failed: every leaf filled with ``value`` (None: its pad value), and
         its sizes 0."""
+        if value is not None:  # every leaf checked before any is touched
+            for k, buf in enumerate(self.buffers):
+                check_fits(value, buf.dtype, "fill", self.spec.where(k))
         with torch.no_grad(), self.lock:
             self.failed[i - self.offset] = value  # filled again once the size is final
-            for k, (buf, sizes, pad) in enumerate(zip(self.buffers, self.sizes, self.pads)):
-                if value is not None:
-                    check_fits(value, buf.dtype, "fill", self.spec.where(k))
+            for buf, sizes, pad in zip(self.buffers, self.sizes, self.pads):
                 buf[i - self.offset].fill_(pad if value is None else value)
                 sizes[i - self.offset] = 0
 
