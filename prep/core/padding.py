@@ -241,8 +241,7 @@ class PaddedOutput(Output):
         return self.buffers[k]
 
     def fail(self, i: int, value: Number | None) -> None:
-        """Row ``i`` failed: every leaf filled with ``value`` (None: its pad value), and
-        its sizes 0."""
+        """Row ``i`` failed: every leaf filled with ``value`` (None: its pad), sizes 0."""
         if value is not None:  # every leaf checked before any is touched
             for k, buf in enumerate(self.buffers):
                 check_fits(value, buf.dtype, "fill", self.spec.where(k))
