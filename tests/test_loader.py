@@ -286,7 +286,7 @@ def test_a_loader_resumes_where_its_state_was_taken(executor, k):
     taken = [next(epoch) for _ in range(k)]
     state = loader.state_dict()
     epoch.close()
-    assert state["epoch"] == 0 and state["batches"] == k
+    assert state["epoch"] == 0 and state["position"] == k * 4
     resumed = make()
     resumed.load_state_dict(state)
     rest = list(resumed)
@@ -299,20 +299,20 @@ def test_an_epoch_run_to_its_end_resumes_at_the_next():
     data = Numbers(12)
     loader = prep.Loader(data, affine, batch_size=4, shuffle=True, executor="serial")
     list(loader)
-    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batches"] == 0
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["position"] == 0
     epoch = iter(loader)
     next(epoch)
     state = loader.state_dict()
-    assert (state["epoch"], state["batches"]) == (1, 1)
+    assert (state["epoch"], state["position"]) == (1, 4)
     want = list(epoch)
     again = prep.Loader(data, affine, batch_size=4, shuffle=True, executor="serial")
     again.load_state_dict(state)  # the order's drawn seed is in the state
     got = list(again)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert again.state_dict()["epoch"] == 2
-    state["batches"] = 3  # every batch handed over: the next epoch, at its start
+    state["position"] = 12  # every sample handed over: the next epoch, at its start
     again.load_state_dict(state)
-    assert again.state_dict()["epoch"] == 2 and again.state_dict()["batches"] == 0
+    assert again.state_dict()["epoch"] == 2 and again.state_dict()["position"] == 0
     assert len(list(again)) == 3 and again.state_dict()["epoch"] == 3
 
 
@@ -323,7 +323,7 @@ def test_breaking_out_stops_the_stream_and_keeps_the_position():
             break
     gc.collect()
     assert wait_until(lambda: not producers())
-    assert loader.state_dict()["batches"] == 3
+    assert loader.state_dict()["position"] == 6
     with iter(loader) as epoch:  # a new loop is the next epoch
         next(epoch)
     assert not producers() and loader.state_dict()["epoch"] == 1
@@ -368,7 +368,6 @@ def test_a_bad_argument_is_named_with_its_fix(make, error, words):
 def test_a_state_of_another_loader_is_refused():
     state = prep.Loader(Numbers(12), affine, batch_size=4, seed=1).state_dict()
     for other, words in [
-        (prep.Loader(Numbers(12), affine, batch_size=3, seed=1), "batch_size=4"),
         (prep.Loader(Numbers(13), affine, batch_size=4, seed=1), "samples=12"),
         (prep.Loader(Numbers(12), affine, batch_size=4, seed=2), "seed=1"),
     ]:
@@ -376,8 +375,8 @@ def test_a_state_of_another_loader_is_refused():
             other.load_state_dict(state)
     with pytest.raises(prep.ConfigError, match="state_dict"):
         prep.Loader(Numbers(12), affine).load_state_dict({"epoch": 1})
-    with pytest.raises(prep.ConfigError, match="batches=-1"):
-        prep.Loader(Numbers(12), affine, batch_size=4).load_state_dict({**state, "batches": -1})
+    with pytest.raises(prep.ConfigError, match="position=-1"):
+        prep.Loader(Numbers(12), affine, batch_size=4).load_state_dict({**state, "position": -1})
 
 
 @pytest.mark.timeout(120)
