@@ -91,7 +91,9 @@ def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
         site.lineno,
         module=module_globals.get("__name__"),
         registry=module_globals.setdefault("__warningregistry__", {}),
-        module_globals=module_globals,
+        # code read from stdin or -c has no source to show: its __main__'s loader (the
+        # builtin importer) raises ImportError when asked for it
+        module_globals=None if site.filename.startswith("<") else module_globals,
     )
 
 

@@ -157,6 +157,7 @@ class Loader:
         **options: Any,  # map_samples' (CallOptions), but seed=, which is the Loader's
     ) -> None:
         self.samples = _check_dataset(dataset, fn)
+        _check_dataloader_names(options)
         _check_fn(fn, setup is not None, seed is not None)
         self.batch_size = _check_count("batch_size", batch_size)
         self.shuffle = _check_flag("shuffle", shuffle)
@@ -383,6 +384,30 @@ def _check_fn(fn: Any, state: bool, seeded: bool) -> None:
             f"the row function {describe_callable(fn)} cannot take a sample, called as "
             f"fn({call}): {problem}; give it one parameter for the sample (dataset[i])"
         )
+
+
+#: the DataLoader's arguments that a Loader takes under another name or in another way,
+#: and what to pass instead (docs/streams.md has the whole table)
+DATALOADER = {
+    "num_workers": "workers= (and executor=: 'processes', 'threads', 'serial' for none)",
+    "collate_fn": "collate=, a function of the list of fn's results for each sample",
+    "pin_memory": "device='cuda' (prep pins and copies each batch to the GPU)",
+    "prefetch_factor": "prefetch=, the batches made ahead in all",
+    "worker_init_fn": "setup=, a function whose result each worker's fn gets as state=",
+    "generator": "seed=, a number that keys the order and each sample's draws",
+    "batch_sampler": "sampler= with batch_size=, or a dataset indexed by batch",
+    "persistent_workers": "nothing: the pool's workers stay up between epochs",
+    "multiprocessing_context": "nothing: prep starts its own worker processes",
+    "in_order": "nothing: batches always come in order",
+}
+
+
+def _check_dataloader_names(options: dict[str, Any]) -> None:
+    for name, instead in DATALOADER.items():
+        if name in options:
+            raise TypeError(
+                f"prep.Loader got the DataLoader's {name}={options[name]!r:.40}; pass {instead}"
+            )
 
 
 def _check_count(name: str, value: Any) -> int:

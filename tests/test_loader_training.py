@@ -394,3 +394,38 @@ def test_a_resume_at_another_batch_size_yields_the_rest_of_the_samples(executor)
     got = by_index(taken + list(again))
     assert sorted(got) == list(range(30))
     assert all(torch.equal(got[i], whole[i]) for i in got)
+
+
+# ------------------------------------------------------------------ the DataLoader's names
+
+
+@pytest.mark.parametrize("name", sorted(prep.loader.DATALOADER))
+def test_a_dataloader_argument_is_named_with_the_loader_s_own(name):
+    instead = prep.loader.DATALOADER[name].split(" ")[0]
+    with pytest.raises(TypeError, match=f"DataLoader's {name}=.*pass {instead}"):
+        prep.Loader(Numbers(3), double, **{name: 2})
+
+
+FILLED_FROM_STDIN = """
+import torch, prep
+
+def sample(i):
+    if i == 2:
+        raise ValueError("bad sample")
+    return torch.tensor([i])
+
+loader = prep.Loader(list(range(4)), sample, batch_size=4, on_error="fill", fill=0,
+                     executor="serial")
+print([b.flatten().tolist() for b in loader])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_filled_sample_warns_at_the_users_line_in_code_read_from_stdin():
+    """A stream's warning points at the user's line; code read from stdin has no source
+    to show, which must not turn the warning into an ImportError."""
+    done = subprocess.run([sys.executable, "-"], input=FILLED_FROM_STDIN, text=True,
+                          capture_output=True, timeout=100)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "[[0, 1, 0, 3]]" in done.stdout
+    assert "<stdin>" in done.stderr and "1 of 4 rows failed" in done.stderr
