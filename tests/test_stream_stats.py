@@ -24,7 +24,9 @@ from prep.stream import stats as stats_module
 from prep.stream.stats import (
     BUSY_DATA,
     BUSY_SPARE,
+    COMPETES,
     RESERVOIR,
+    SATURATED,
     SOURCE_BOUND,
     WAIT_COMPUTE,
     Meter,
@@ -79,7 +81,15 @@ CASES = [
     (figures(wait=0.01, busy=BUSY_SPARE + EPS), READY + "the workers"),
     # a loop that rarely waits is compute-bound however slow the source
     (figures(wait=0.01, busy=0.1, source=0.9), "compute-bound"),
-]
+    # a saturated machine, the data side holding cores: it competes with the step (the
+    # workers busy 40% of the time, each of 2: 0.8 cores), whatever the waits say
+    (figures(wait=0.01, busy=0.4, machine_busy=0.97, cores=2),
+     "compute-bound, but the machine's 2 cores were busy 97% and the data side kept 0.8"),
+    (figures(wait=0.01, busy=0.4, machine_busy=SATURATED - EPS, cores=2), READY + "the data"),
+    (figures(wait=0.01, busy=COMPETES / 2 - EPS, machine_busy=1.0, cores=2), READY + "the data"),
+    (figures(wait=0.01, busy=COMPETES / 2 + EPS, machine_busy=1.0, cores=2), "compute-bound, but"),
+    (figures(wait=0.5, busy=0.98, machine_busy=1.0, cores=2), "data-bound"),
+]  # fmt: skip
 
 
 @pytest.mark.timeout(10)
@@ -89,6 +99,21 @@ def test_the_verdict_on_injected_figures(given: StreamStats, expected: str) -> N
     assert said.startswith(expected), said
     assert "\n" not in said
     assert str(given).splitlines()[-1] == said  # printed under the numbers
+
+
+@pytest.mark.timeout(10)
+def test_a_meter_reads_how_busy_the_machine_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's busy share over the stream, from the cores' counters read at its
+    start and when asked (here injected: 950 of 1,000 ticks busy on 4 cores)."""
+    readings = iter([(1_000, 10_000, 4), (1_950, 11_000, 4)])
+    monkeypatch.setattr(prep.stream.stats, "cpu_times", lambda: next(readings))
+    meter = Meter(2, 2)
+    s = meter.stats()
+    assert s.machine_busy == pytest.approx(0.95) and s.cores == 4
+    assert "the machine's 4 cores busy 95%" in str(s)
+    monkeypatch.setattr(prep.stream.stats, "cpu_times", lambda: None)  # no /proc/stat
+    s = Meter(2, 2).stats()
+    assert s.machine_busy is None and "machine" not in str(s)
 
 
 @pytest.mark.timeout(10)

@@ -21,7 +21,10 @@ that already handles it, and a reservoir of the loop's waits of fixed size::
 
 The rule (:func:`verdict`), in order, its thresholds the constants below:
 
-1. the loop waited less than ``WAIT_COMPUTE`` of its time: **compute-bound**; the
+1. the loop waited less than ``WAIT_COMPUTE`` of its time: **compute-bound**. Where
+   the machine's cores were busy ``SATURATED`` of the time or more, and the data side
+   kept ``COMPETES`` cores or more busy, it competes with the step for them: a loader
+   that looks fast while it slows training, which waits alone cannot show. Else the
    workers busy less than ``BUSY_SPARE`` of the time can spare one;
 2. else the producer spent at least ``SOURCE_BOUND`` of the time in ``batches``:
    **source-bound** (more workers would not help: the batches come no faster);
@@ -44,7 +47,9 @@ import torch
 __all__ = [
     "BUSY_DATA",
     "BUSY_SPARE",
+    "COMPETES",
     "RESERVOIR",
+    "SATURATED",
     "SOURCE_BOUND",
     "WAIT_COMPUTE",
     "BatchFigures",
@@ -63,12 +68,33 @@ SOURCE_BOUND = 0.50
 BUSY_DATA = 0.80
 #: compute-bound with the workers busy less than this share: one can be spared
 BUSY_SPARE = 0.50
+#: the machine's cores busy at least this share of the stream's time: saturated
+SATURATED = 0.90
+#: the data side's cores (its workers' busy seconds and the source's, a second) from
+#: which, on a saturated machine, it competes with the step
+COMPETES = 0.5
 #: the loop's waits kept for the median and 95th percentile (a uniform sample of all)
 RESERVOIR = 512
 
 #: the figures' clock, read as ``stats.clock()`` wherever they are timed (so that a test
 #: can make one side of a stream slow by moving it on, without waiting for real)
 clock = time.perf_counter
+
+
+def cpu_times() -> tuple[int, int, int] | None:
+    """Every core's busy and total time since boot (in ticks), and the cores, from
+    Linux's /proc/stat: what the whole machine did, this process, its workers and the
+    rest (None where there is no /proc/stat). Read twice a stream, as ``clock`` is
+    read wherever it is timed (so a test can say how busy the machine was)."""
+    try:
+        with open("/proc/stat") as f:
+            lines = f.read().splitlines()
+        ticks = [int(x) for x in lines[0].split()[1:9]]
+    except (OSError, ValueError, IndexError):
+        return None
+    cores = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    idle = ticks[3] + ticks[4]  # idle and waiting for I/O
+    return sum(ticks) - idle, sum(ticks), cores
 
 
 @dataclass(frozen=True)
@@ -99,6 +125,16 @@ class StreamStats:
     fill: float
     prefetch: int
     workers: int
+    #: the share of the machine's time its cores were busy over the stream (None: not known)
+    machine_busy: float | None = None
+    cores: int = 0
+
+    @property
+    def data_cores(self) -> float:
+        """The cores the data side kept busy: its workers' busy seconds and the
+        source's, over the stream's time."""
+        spent = self.busy_total * self.workers + self.source_total
+        return spent / self.elapsed if self.elapsed > 0 else 0.0
 
     @property
     def wait_share(self) -> float:
@@ -126,9 +162,18 @@ class StreamStats:
                 f"workers ({self.workers}) busy {self.busy_share:.0%}; in the source "
                 f"{_seconds(self.source_total)} ({self.source_share:.0%}); ready when asked "
                 f"{self.fill:.1f} of prefetch={self.prefetch}",
+                *self._machine(),
                 verdict(self),
             ]
         )
+
+    def _machine(self) -> list[str]:
+        if self.machine_busy is None:
+            return []
+        return [
+            f"the machine's {self.cores} cores busy {self.machine_busy:.0%}; the data side "
+            f"kept {self.data_cores:.1f} of them busy"
+        ]
 
 
 def _seconds(s: float) -> str:
@@ -143,6 +188,13 @@ def verdict(s: StreamStats) -> str:
         return "no batch delivered yet: nothing to judge"
     waited, busy, source = s.wait_share, s.busy_share, s.source_share
     if waited < WAIT_COMPUTE:
+        if s.machine_busy is not None and s.machine_busy >= SATURATED and s.data_cores >= COMPETES:
+            return (
+                f"compute-bound, but the machine's {s.cores} cores were busy "
+                f"{s.machine_busy:.0%} and the data side kept {s.data_cores:.1f} of them "
+                f"busy: it competes with your step for the cores, so the step may run "
+                f"slower than alone; compare your steps/s with fewer workers"
+            )
         if busy < BUSY_SPARE:
             return (
                 f"compute-bound: batches were ready {1 - waited:.0%} of the time; "
@@ -200,6 +252,7 @@ class Meter:
         self.batches = self.rows = self.ready = 0
         self.wait = self.between = self.source = self.busy = 0.0
         self.returned: float | None = None  # when the loop got its last batch
+        self.machine = cpu_times()
         self.waiting = False  # whether the loop is in next(), between asked() and took()
         self.waits: list[float] = []
         self._rng = random.Random(0)
@@ -233,6 +286,10 @@ class Meter:
 
     def stats(self) -> StreamStats:
         waits = sorted(self.waits)
+        machine, now = self.machine, cpu_times()
+        busy = None
+        if machine is not None and now is not None and now[1] > machine[1]:
+            busy = (now[0] - machine[0]) / (now[1] - machine[1])
         return StreamStats(
             batches=self.batches,
             rows=self.rows,
@@ -246,6 +303,8 @@ class Meter:
             fill=self.ready / self.batches if self.batches else 0.0,
             prefetch=self.prefetch,
             workers=self.workers,
+            machine_busy=busy,
+            cores=now[2] if now is not None else 0,
         )
 
 
