@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import subprocess
+import sys
 import time
 import warnings
 
@@ -912,3 +914,20 @@ def test_auto_compares_no_executor_name_but_serials():
         if isinstance(side, ast.Constant) and side.value in names
     ]
     assert not compared, compared
+
+
+@pytest.mark.timeout(120)
+def test_the_first_auto_call_imports_nothing_the_function_did_not_use():
+    """torch imports numpy but not numpy.random (about 130 ms); prep's check of the
+    global generators must not import it for a function that never touches numpy."""
+    script = (
+        "import sys, torch, prep\n"
+        "prep.map_rows(lambda r: r * 2, torch.ones(64, 4))\n"
+        "prep.map_rows(lambda r: r + torch.rand(4), torch.ones(64, 4), executor='serial',"
+        " seed=1)\n"
+        "print(sorted(m for m in ('numpy.random', 'torch._dynamo') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=100)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
