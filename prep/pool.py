@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from .errors import ConfigError
 from .executors import Executor, in_worker_process, resolve_workers
 from .registry import AUTO, EXECUTORS, IN_WORKERS, executor_class
 from .stream.position import Position, resume
-from .stream.stream import Stream
+from .stream.stream import Stream, close_open
 from .stream.streams import Streams
 from .stream.submit import Work
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["SHARED", "Pool", "Shared"]
 
 _warned_fallback = False
+#: the pools made with ``prep.Pool`` and not closed yet, which exit closes (``_at_exit``)
+_OPEN: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
 def runnable_here(kind: type[Executor], may_fork: bool) -> type[Executor]:
@@ -96,6 +99,8 @@ class Pool:
         self._streams = Streams(self.workers)  # auto's stream plans
         self._closed = False
         self._pid = os.getpid()  # a forked child's copy must not close the parent's workers
+        if owns:
+            _OPEN.add(self)
 
     def _get(self, name: str) -> Executor:
         if self._closed:
@@ -225,6 +230,7 @@ class Pool:
         In a forked child (a DataLoader worker holding a copy of this pool) it only
         forgets them: the workers are the parent's."""
         self._closed = True
+        _OPEN.discard(self)
         if os.getpid() != self._pid:
             return
         if self._owns:
@@ -319,5 +325,18 @@ class Shared:
 
 #: the pools of ``prep.map_rows``; nothing starts before the first call needs it
 SHARED = Shared()
-atexit.register(SHARED.close)
+
+
+def _at_exit() -> None:
+    """Before the interpreter finalizes, no thread of prep's left inside torch: every
+    open stream closed, its thread joined (:func:`~prep.stream.stream.close_open` says
+    why), then every pool (a ``prep.Pool`` left open, the shared ones), whose threads
+    finish the batches those streams had in flight, and are joined."""
+    close_open()
+    for pool in list(_OPEN):
+        pool.close()
+    SHARED.close()
+
+
+atexit.register(_at_exit)
 os.register_at_fork(after_in_child=SHARED._forget)

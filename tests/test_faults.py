@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import prep
+from prep.executors import _base as executors_base
 from prep.executors import _transport as transport_module
 from tests import registry, rowfns
 from tests.conftest import wait_until
@@ -188,12 +189,19 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
 # the thread settings differ from serial's on purpose: the workers' are capped
 @pytest.mark.filterwarnings("ignore:executor=.* computed row 0 of thread_settings")
 @pytest.mark.parametrize("executor", registry.executors(PROCESSES, NO_TWIN))
-def test_threads_per_worker_cap(no_leaks, executor):
-    got = prep.map_rows(rowfns.thread_settings, torch.ones(4, 1), executor=executor, workers=2)
-    cap = prep.info(workers=2)["threads_per_worker"]
-    assert cap == max(1, len(os.sched_getaffinity(0)) // 2)
-    assert got[:, 0].tolist() == [cap] * 4  # torch intra-op threads in each worker
-    assert got[:, 1].tolist() == [cap] * 4  # OMP_NUM_THREADS for libraries loaded later
+@pytest.mark.parametrize("workers", [1, 2])
+def test_each_worker_process_runs_torch_on_one_thread(no_leaks, executor, workers, monkeypatch):
+    """One intra-op thread per worker process, whatever the worker count and the cores
+    (8 here, told to prep: cores // workers would give 8 and 4), as a DataLoader's
+    workers have: the caller runs torch beside them (issue 48, item 5)."""
+    monkeypatch.setattr(executors_base, "available_cores", lambda: 8)
+    with prep.Pool(executor, workers=workers) as pool:
+        got = pool.map_rows(rowfns.thread_settings, torch.ones(4, 1))
+        streamed = list(pool.imap(rowfns.thread_settings, [torch.ones(4, 1)] * 2))
+    assert all(s[:, :2].eq(1).all() for s in streamed)  # a stream's batches, the same
+    assert prep.info(workers=workers)["threads_per_process"] == 1
+    assert got[:, 0].tolist() == [1] * 4  # torch intra-op threads in each worker
+    assert got[:, 1].tolist() == [1] * 4  # OMP_NUM_THREADS for libraries loaded later
 
 
 def test_shm_preflight(monkeypatch):

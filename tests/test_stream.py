@@ -23,7 +23,7 @@ import torch
 
 import prep
 from prep.stream.delivery import Delivery
-from prep.stream.stream import THREAD_NAME, Stream
+from prep.stream.stream import THREAD_NAME, Stream, close_open
 from tests import refs, rowfns
 from tests.conftest import wait_until
 
@@ -357,6 +357,34 @@ def test_close_waits_for_the_running_batch(pool):
     closer.join(30)
     assert not closer.is_alive() and not producers()  # close returned after the thread ended
     assert "closed" in repr(stream)
+
+
+@pytest.mark.timeout(60)
+def test_close_open_closes_every_open_stream_within_one_timeout(pool):
+    """What prep runs at exit, before the interpreter finalizes (test_exit.py): every
+    open stream stops, and its thread is joined; ``timeout`` bounds the wait for all."""
+    running, release = threading.Event(), threading.Event()
+
+    def held(batch: torch.Tensor) -> torch.Tensor:
+        if index(batch) == 1:
+            running.set()
+            release.wait(30)
+        return pool.map_rows(rowfns.affine, batch)
+
+    idle = Stream(lambda b: pool.map_rows(rowfns.affine, b), Source(50), prefetch=2)
+    busy = Stream(held, Source(50), prefetch=2)
+    next(idle), next(busy)
+    assert running.wait(10)
+    with pytest.warns(RuntimeWarning, match="did not finish within"):
+        close_open(timeout=0.1)  # busy's batch is held up: the wait ends, and says so
+    assert "closed" in repr(idle) and "closed" in repr(busy)
+    release.set()
+    assert wait_until(lambda: not producers())
+
+    again = Stream(lambda b: pool.map_rows(rowfns.affine, b), Source(50), prefetch=2)
+    next(again)
+    close_open()
+    assert not producers() and "closed" in repr(again)  # joined before close_open returned
 
 
 CTRL_C = """

@@ -23,6 +23,7 @@ from ..core.rows import TensorRows
 from ..errors import BatchTimeout, ConfigError, FunctionLoadError, WorkerCrashed
 from ..executors import (
     BLOCK,
+    PROCESS_THREADS,
     Executor,
     Job,
     Load,
@@ -34,7 +35,6 @@ from ..executors import (
     shm_fits,
     shm_free,
     start_costs,
-    threads_per_worker,
     traits_of,
     warm_up,
 )
@@ -207,9 +207,9 @@ class ProcessesModel(CostModel):
 
     @classmethod
     def as_worker(cls, ex: Executor, fn: Callable[[], T]) -> T:
-        """``fn()`` as one of ``ex``'s workers runs a row (torch on its share of threads)."""
+        """``fn()`` as one of ``ex``'s workers runs a row (torch on as many threads)."""
         # in a thread of its own: torch's setting is per thread, and the caller's stays
-        return on_intra_op_threads(fn, threads_per_worker(ex.workers))
+        return on_intra_op_threads(fn, PROCESS_THREADS)
 
 
 def _load_error(exc: Exception, fn: Any, limit: float) -> FunctionLoadError:
@@ -287,7 +287,7 @@ class Prediction:
         workers has: when torch's own threads already spread a row over the cores,
         the workers have nothing left to divide."""
         s, cal, main = self.s, self.cal, self.s.main
-        intra, share = torch.get_num_threads(), threads_per_worker(ex.workers)
+        intra, share = torch.get_num_threads(), PROCESS_THREADS
         if intra < 2 or share >= intra or main.left < 8:
             return
         rows = int(min(max(0.02 / max(cal.serial_row, 1e-9), 2), BLOCK, main.left // 8))

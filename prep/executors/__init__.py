@@ -10,6 +10,7 @@ private modules are its own (``.importlinter`` holds every package to that)."""
 from __future__ import annotations
 
 from ._base import (
+    PROCESS_THREADS,
     Executor,
     Traits,
     available_cores,
@@ -69,6 +70,7 @@ __all__ = [
     "Load",
     "ProcessBatches",
     "PART_WORK",
+    "PROCESS_THREADS",
     "Part",
     "Parts",
     "Ticket",

@@ -50,8 +50,21 @@ def resolve_workers(workers: int | None) -> int:
     return workers
 
 
+#: torch's intra-op threads (and OpenMP/BLAS threads) in each worker process of a pool
+#: (``processes``, ``joblib``): one, whatever the worker count, as a DataLoader's
+#: workers have. The caller runs torch beside them (a training loop, on every core by
+#: default), and OpenMP teams in separate processes cannot see each other: a worker's
+#: team of two spins at every op's barrier for a thread whose core another process
+#: holds (processes at workers=1, 2 cores: 43-76 images/s on 2 threads, 355-412 on 1).
+PROCESS_THREADS = 1
+
+
 def threads_per_worker(workers: int) -> int:
-    """Intra-op threads each worker may use so that workers x threads <= cores."""
+    """Intra-op threads each of ``workers`` threads of one process may use (a ``threads``
+    pool's), so that workers x threads <= cores: one OpenMP runtime manages all of the
+    process's teams, and throttles their spinning when they outnumber the cores.
+    (``prep run``'s shard workers take this share too; a pool's worker processes take
+    :data:`PROCESS_THREADS`.)"""
     return max(1, available_cores() // workers)
 
 

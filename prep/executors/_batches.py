@@ -43,7 +43,7 @@ from multiprocessing import connection
 from typing import Any, overload
 
 from . import _fdpipe, _spawn
-from ._base import threads_per_worker
+from ._base import PROCESS_THREADS
 from ._lanes import Functions, Lane, Lanes, check_on_cpu
 from ._ring import Ring
 from ._shapes import Known
@@ -59,13 +59,13 @@ class ProcessBatches:
     name = "processes"
 
     def __init__(self, workers: int, *, fork: bool = False) -> None:
-        """``workers`` processes, the cores shared out as their torch threads; ``fork``:
+        """``workers`` processes, each on one torch thread (``PROCESS_THREADS``); ``fork``:
         forked from here now, while that is safe (:func:`_spawn.fork_is_safe`: a
         process with no other thread), else started on first use from prep's
         forkserver."""
         self.workers = workers
         self._fns = Functions()
-        self._lanes = Lanes(workers, threads_per_worker(workers), fork, self._fns)
+        self._lanes = Lanes(workers, PROCESS_THREADS, fork, self._fns)
         self._ring = Ring(keep=4 * workers)
         if fork and _spawn.fork_is_safe():
             with self._lanes.lock:

@@ -24,7 +24,7 @@ from ..core.output import Output
 from ..core.policy import ResultCheck
 from ..errors import WorkerCrashed
 from . import _worker
-from ._base import Executor, Traits, first_error, split, threads_per_worker
+from ._base import PROCESS_THREADS, Executor, Traits, first_error, split
 from ._chunks import ChunkMerge
 from ._context import Follower
 from ._isolation import Isolation
@@ -132,11 +132,10 @@ class JoblibExecutor(Executor):
         if self._pool is None:
             import loky
 
-            threads = threads_per_worker(self.workers)
             self._pool = loky.ProcessPoolExecutor(
                 max_workers=self.workers,
                 initializer=_worker.limit_threads,
-                initargs=(threads,),
+                initargs=(PROCESS_THREADS,),
             )
             self._wait_for_workers()
             job.deadline.restart()

@@ -4,8 +4,9 @@ them from, the same threads a stream's batches run on (``_batch_threads``).
 Threads pay off when the row function releases the GIL (most torch ops on
 tensors of a few thousand elements or more); a pure-Python row function runs
 no faster than ``serial``. Each worker thread runs torch on ``cores // workers``
-intra-op threads, as worker processes do, set once in that thread: torch's
-OpenMP setting is per thread, so the caller's own setting is never touched.
+intra-op threads (worker processes on one: ``_base.PROCESS_THREADS`` says why), set
+once in that thread: torch's OpenMP setting is per thread, so the caller's own
+setting is never touched.
 (Capping it in the calling thread around each batch, as prep once did, left
 the workers' OpenMP teams alive next to the caller's; libgomp then throttles
 every team's spinning once it manages more threads than cores, and small torch

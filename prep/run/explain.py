@@ -23,7 +23,7 @@ from .._explanation import Explanation
 from ..api import explain
 from ..core.rows import rows_of
 from ..errors import ShardError
-from ..executors import available_cores, threads_per_worker
+from ..executors import PROCESS_THREADS, available_cores, threads_per_worker
 from ..pool import Pool
 from .config import RunConfig
 from .dask import LOCAL_WORKERS
@@ -107,7 +107,7 @@ def plan_lines(plan: ShardPlan, config: RunConfig, jobs: int | None, shards: int
         )
     return [
         f"torch threads: this process keeps its own ({torch.get_num_threads()}) for the rows; "
-        f"a row executor's worker processes get {plan.threads} each (cores / workers)",
+        f"a row executor's worker processes get {PROCESS_THREADS} each (as a DataLoader's)",
         f"jobs: {jobs or LOCAL_JOBS} shard(s) in flight, threads of this process "
         f"({'--jobs' if jobs else 'the default'}): one computes while the others load or "
         f"save; more only hold more shards in memory",

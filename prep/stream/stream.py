@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
@@ -59,11 +61,33 @@ from .link import END, ERROR, POLL, RESULT, Item, Link, TorchState
 from .position import Position
 from .stats import BatchFigures, Meter, StreamStats, rows_in
 
-__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Stream", "check_prefetch"]
+__all__ = ["JOIN_TIMEOUT", "THREAD_NAME", "Stream", "check_prefetch", "close_open"]
 
 THREAD_NAME = "prep-imap"
 #: seconds :meth:`Stream.close` waits for a batch in flight to finish
 JOIN_TIMEOUT = 30.0
+
+
+#: the streams whose thread may still run, which :func:`close_open` ends at exit
+_OPEN: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+
+def close_open(timeout: float = JOIN_TIMEOUT) -> None:
+    """Close every open stream, waiting ``timeout`` seconds for all of them together.
+
+    ``prep.pool`` runs this at exit, before the interpreter finalizes. A stream's
+    thread is a daemon, and once finalizing has begun CPython ends a daemon thread
+    that takes the GIL back with ``pthread_exit``; where that happens inside torch
+    (which releases the GIL around an op or a tensor's free, in C++ frames that may
+    not unwind), the unwinding calls ``std::terminate``: "terminate called without
+    an active exception", SIGABRT, after a script that had finished (pytorch#38228,
+    pybind11#2215). Joined here, no stream's thread is inside torch by then."""
+    streams = list(_OPEN)
+    for stream in streams:  # all stop first, so their batches in flight end together
+        stream._link.stop.set()
+    end = time.monotonic() + timeout
+    for stream in streams:
+        stream.close(max(0.0, end - time.monotonic()))
 
 
 def check_prefetch(prefetch: Any) -> int:
@@ -232,6 +256,7 @@ class Stream(Iterator[Any]):
                 target=_produce, args=args, name=THREAD_NAME, daemon=True
             )
             self._thread.start()
+            _OPEN.add(self)
 
     def __iter__(self) -> Stream:
         return self
@@ -327,6 +352,7 @@ class Stream(Iterator[Any]):
         thread = self._thread
         if thread is None:
             return
+        _OPEN.discard(self)
         self._link.stop.set()
         if thread is not threading.current_thread():  # the collector may run anywhere
             thread.join(timeout)
