@@ -65,8 +65,8 @@ def start(
     else:
         check_row_call(fn, rows, rng=rng)
     if options.seed is not None:  # each row's draws seeded for it, on a per-row executor
-        rows = rows.seeding(Seeding(options.seed, rng))
-        check_seeded(ex, rng)
+        check_seeded(ex)
+        rows = rows.seeding(Seeding(options.seed, rng, shared=ex.traits.shares_generators))
     n, policy, device = len(rows), options.policy, options.device
     if policy.per_row_errors:  # a bad result (None, another dtype) then fails its row only
         rows = rows.checking(ResultCheck(policy.padding is not None, options.out))
@@ -117,21 +117,15 @@ def finish(batch: Batch, result: Output | None, ex: Executor) -> Any:
     return _returned(job, result, batch.given, options.device, options.returns)
 
 
-def check_seeded(ex: Executor | type[Executor], rng: bool) -> None:
-    """``seed=`` on ``ex``: one that runs rows one by one in processes, or in threads
-    for a function that draws from its own ``rng`` (core.seeding says why)."""
+def check_seeded(ex: Executor | type[Executor]) -> None:
+    """``seed=`` on ``ex``: one that runs rows one by one, in processes or in this one
+    (on threads, whose rows share the global generators, they are watched, not seeded:
+    ``core.seeding`` says why)."""
     if not ex.traits.per_row:
         raise ConfigError(
             f"seed= seeds each row's random draws, but executor={ex.name!r} makes every row "
             f"in one batched call, which cannot be seeded row by row; use executor='auto', "
             f"'serial' or 'processes'"
-        )
-    if ex.traits.shares_generators and not rng:
-        raise ConfigError(
-            f"seed= with executor={ex.name!r}: its threads run rows at once and share the "
-            f"process's global generators, so their draws would interleave; give the row "
-            f"function an rng parameter and draw from it (torch.rand(..., generator=rng)), "
-            f"or use executor='auto', 'serial' or 'processes'"
         )
 
 

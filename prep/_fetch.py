@@ -60,15 +60,19 @@ class Fetch:
 
 
 class Keyed(Fetch):
-    """:class:`Fetch` whose rows are ``(index, seeds)``: the sample's draws seeded by
-    ``seeds.row(index)``, keyed by its index (``seeds``: the epoch's). A function that
-    takes ``rng`` is given a generator seeded so; any other draws from the global
-    generators, seeded so here, after prep seeded them for the row's place (prep's
-    ``seed=`` puts them back after the batch and keeps such rows off threads)."""
+    """:class:`Fetch` whose rows are ``(index, seeds)`` (``seeds``: the epoch's): under
+    ``seed=``, the sample's draws keyed by its index wherever they are made, in
+    ``dataset[index]`` (a transform it calls) or in ``fn``: the global generators are
+    seeded before the sample is fetched, and ``fn``'s ``rng``, where it takes one,
+    apart from them (:meth:`~prep.core.seeding.Seeding.sample`). That is done through
+    the stream's own ``seed=`` run of rows, which puts the generators back after each
+    batch, and on threads, where nothing may seed them, watches them instead: a draw
+    stops the epoch with a ConfigError."""
 
     def __call__(self, item: tuple[int, Seeding], **given: Any) -> Any:  # type: ignore[override]
         index, seeds = item
-        return self.row_fn(self.dataset[index], **given, **seeds.row(index))
+        drawn = seeds.sample(index)  # before the fetch: __getitem__ may draw too
+        return self.row_fn(self.dataset[index], **given, **drawn)
 
 
 #: the Fetches whose file is written, for :func:`forget_files`

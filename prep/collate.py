@@ -59,7 +59,9 @@ class Collate:
     worker builds it: ``i`` is the batch's place in the DataLoader's order (it hands
     batch ``i`` to worker ``i % num_workers``, so a worker's ``k``-th batch is
     ``k * num_workers + id``), the same at any ``num_workers``. Call
-    :meth:`set_epoch` before each epoch, as a ``DistributedSampler`` is told.
+    :meth:`set_epoch` before each epoch, as a ``DistributedSampler`` is told. On
+    threads, which share the process's global generators, a function without ``rng``
+    runs unseeded, and a draw from them stops the batch (``map_rows``' ``seed=``).
 
     >>> import torch, prep
     >>> pad = lambda s: torch.nn.functional.pad(s, (0, 4 - len(s)))

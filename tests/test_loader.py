@@ -256,10 +256,10 @@ def test_seeded_rows_leave_the_global_generators_as_they_were():
     assert torch.equal(torch.random.get_rng_state(), before)
 
 
-def test_global_draws_on_threads_are_refused_as_map_samples_refuses_them():
+def test_global_draws_on_threads_are_stopped_as_map_samples_stops_them():
     loader = prep.Loader(Numbers(8), noisy_global, batch_size=4, seed=1, executor="threads")
     with pytest.raises(prep.ConfigError, match="rng parameter"):
-        iter(loader)
+        list(loader)
     threads = prep.Loader(Numbers(8), noisy, batch_size=4, seed=1, executor="threads")
     serial = prep.Loader(Numbers(8), noisy, batch_size=4, seed=1, executor="serial")
     assert torch.equal(torch.cat(list(threads)), torch.cat(list(serial)))

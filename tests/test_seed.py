@@ -9,8 +9,9 @@ generator, Python's ``random`` and numpy's global generator with
 is keyed under ``mix(seed, k)``. Every executor in the registry either returns
 the loop's rows bit for bit or is refused with a ``ConfigError``, as its traits say:
 a batched call (``per_row`` False) cannot seed each row, and threads
-(``shares_generators``) cannot seed a function that draws from the global
-generators, only one that takes ``rng``.
+(``shares_generators``) cannot seed the global generators, only a function's ``rng``:
+a function that draws from the global generators there is stopped at its first draw
+(tests/test_loader_seeded.py has the rest of threads under ``seed=``).
 """
 
 from __future__ import annotations
@@ -201,7 +202,8 @@ def distinct(rows: torch.Tensor) -> int:
 
 def refusal(executor: str, fn: Callable[..., Any]) -> str | None:
     """The words of the ConfigError ``executor`` must give ``fn`` under ``seed=``, from
-    its traits; None where it must return the loop's rows."""
+    its traits (on threads, at the function's first draw); None where it must return
+    the loop's rows."""
     traits = prep.EXECUTORS[executor].traits
     if not traits.per_row:
         return "cannot be seeded row by row"
@@ -386,12 +388,15 @@ def test_the_callers_generators_are_as_they_were(executor):
 
 
 @pytest.mark.timeout(60)
-def test_threads_refuse_a_global_function_before_any_row_runs():
+def test_threads_stop_a_global_function_at_its_first_draw():
+    """Nothing seeds the global generators on threads: a row that drew from them stops
+    its thread's run of rows before the next row, in one line naming the fix."""
     CALLS.clear()
-    with prep.Pool("threads", workers=2) as pool:
+    with prep.Pool("threads", workers=1) as pool:
         with pytest.raises(prep.ConfigError, match="rng") as caught:
             pool.map_rows(counted_draw, batch(), seed=SEED)
         assert "threads" in str(caught.value) and len(str(caught.value).splitlines()) == 1
+        assert len(CALLS) < ROWS, "stopped at the draw, not at the end"
         for how, prefetch in (("split", 0), ("split", 2), ("whole", 2)):
             with pytest.raises(prep.ConfigError, match="rng"):
                 list(pool.imap(counted_draw, stream_batches(2), strategy=how,
@@ -399,8 +404,9 @@ def test_threads_refuse_a_global_function_before_any_row_runs():
         with pytest.raises(prep.ConfigError, match="rng"):
             prep.map_rows(counted_draw, batch(), executor="threads", workers=2, seed=SEED)
         # without seed= the same function runs on threads as before
+        CALLS.clear()
         assert len(pool.map_rows(counted_draw, batch(4))) == 4
-    assert sorted(CALLS) == [0, 1, 2, 3], "no row ran under seed="
+    assert sorted(CALLS) == [0, 1, 2, 3]
 
 
 @pytest.mark.timeout(60)

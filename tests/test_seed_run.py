@@ -132,13 +132,16 @@ def test_prep_run_seed_gives_the_loops_rows_whatever_runs_them(tmp_path, no_leak
 
 
 @pytest.mark.timeout(180)
-def test_prep_run_seed_refuses_threads_for_a_function_without_rng(tmp_path, capsys):
+def test_prep_run_seed_on_threads_stops_a_function_that_draws_from_the_globals(tmp_path, capsys):
+    """Threads seed nothing global: the shard fails at the draw, in one line naming
+    the fix, and no shard is written unseeded."""
     data = tmp_path / "data"
     data.mkdir()
     shards(data, n=1)
-    assert cli("run", data, "--out", tmp_path / "o", *FN, "--executor", "threads") == 2
+    assert cli("run", data, "--out", tmp_path / "o", *FN, "--executor", "threads") == 1
     err = capsys.readouterr().err
-    assert "rng" in err and "Traceback" not in err
+    assert "rng" in err and "moved while" in err and "Traceback" not in err
+    assert not list((tmp_path / "o").glob("*.pt"))
 
 
 SLOW = ["--fn", "tests.seedfns:noisy_slowly", "--columns", "x", "--seed", "7"]

@@ -16,6 +16,10 @@ A batch goes out in a few parts per worker (one queue, so a fast thread takes
 up the slack), the path every batch cut across workers takes (``_parts``):
 written in place once the function has shown its output's shape, else in
 chunks merged in order.
+Under ``seed=`` nothing seeds the process's global generators here (the caller's
+other threads draw from them too): a row function with ``rng`` gets a generator
+seeded for the row; any other runs watched, and a draw stops the batch with a
+ConfigError (``shares_generators``; ``core.seeding`` says how).
 A row that hangs cannot be killed from outside its thread: on ``timeout`` the
 batch raises :class:`~prep.BatchTimeout`, the stuck thread is abandoned (it is
 a daemon, so it does not block interpreter exit) and a fresh thread takes its

@@ -34,7 +34,7 @@ from .._batch import check_seeded
 from ..core.checks import call_problem, check_device, signature, takes_keyword
 from ..core.options import Options
 from ..core.policy import ON_ERROR
-from ..core.seeding import mix, takes_rng
+from ..core.seeding import mix
 from ..errors import ConfigError, ShardError
 from ..registry import executor_class
 from .calls import call_mismatch, load_fn, no_setup
@@ -145,7 +145,7 @@ class RunConfig:
         self.check_rows()
         if self.seed is not None:
             Options(seed=self.seed)  # a TypeError naming it
-            check_seeded(kind, takes_rng(self.bound_fn()))
+            check_seeded(kind)
         check_device(self.device)  # a CUDA device where torch has none fails here, not per shard
         self.check_call()  # the function cannot be imported, or not called with these --arg
         try:

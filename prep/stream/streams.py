@@ -89,9 +89,13 @@ class Streams:
         if not may_fork:  # a DataLoader worker cannot have children
             kept = tuple(f for f in flavours if not traits_of(f).needs_processes)
             flavours = kept or ((IN_WORKERS,) if flavours else ())
-        if work.global_draws:  # seed=: threads share the generators the rows draw from
-            check_seeded(kind, rng=False)
-            flavours = tuple(f for f in flavours if not traits_of(f).shares_generators)
+        if work.global_draws:  # seed=, and a function that may draw from the global generators
+            check_seeded(kind)
+            if not kind.traits.shares_generators:
+                # threads watch such rows and stop at a draw; processes and serial seed
+                # them: auto (or processes) cannot know that the function draws nothing
+                # before it has run, so it keeps to workers that give every function rows
+                flavours = tuple(f for f in flavours if not traits_of(f).shares_generators)
         prefetch = self.prefetch(prefetch, strategy, kind)
         strategy = check_strategy(strategy, kind, self.workers, prefetch)
         if work.options.out is not None and prefetch != 0:
