@@ -204,11 +204,11 @@ class Loader:
 
     def _stream(self, order: torch.Tensor, place: _Place) -> Stream:
         """A stream of epoch ``place.epoch``'s batches from the step ``place`` is at."""
-        # global draws: prep's seed= seeds each row by its place and puts the generators
-        # back after the batch; Keyed then seeds them by index, under another key (rows
-        # seeded alike by both would look to prep as if the first drew nothing)
-        global_draws = self._given is not None and not self._rng
-        options = {**self._options, "seed": mix(self.seed, -1) if global_draws else None}
+        # seed=: the stream's run of rows seeds the global generators and puts them back
+        # after each batch (on threads it watches them); Keyed keys each sample's draws
+        # by its index through that run, whether or not fn takes rng (__getitem__ may draw)
+        given = self._given is not None
+        options = {**self._options, "seed": mix(self.seed, -1) if given else None}
         seeds = Seeding(mix(self.seed, place.epoch), self._rng) if self._given is not None else None
         batches = self._batches(order, place.start + place.steps * self._step, seeds)
         stream = self._pool.imap_samples(self._fetch, batches, prefetch=self.prefetch, **options)

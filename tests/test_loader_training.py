@@ -175,8 +175,11 @@ def test_a_loop_that_catches_the_error_gets_the_rest_of_the_epoch(executor, work
 
 
 def ranks_of(world: int, **kwargs: Any) -> list[prep.Loader]:
+    """The ranks of a job, in this one process: each in the caller's thread (prefetch=0),
+    as one serial stream's seeded run would see another's draws on the process's global
+    generators (a job runs one rank a process)."""
     return [prep.Loader(Numbers(23), noisy, batch_size=3, shuffle=True, seed=4, rank=r,
-                        world_size=world, executor="serial", **kwargs)
+                        world_size=world, executor="serial", prefetch=0, **kwargs)
             for r in range(world)]  # fmt: skip
 
 

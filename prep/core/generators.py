@@ -28,7 +28,7 @@ class States:
 
     @classmethod
     def now(cls) -> States:
-        numpy = sys.modules.get("numpy.random")
+        numpy = _numpy_random()
         state = numpy.get_state() if numpy is not None else None
         return cls(torch.random.get_rng_state(), random.getstate(), state)
 
@@ -47,7 +47,18 @@ class States:
         torch.random.set_rng_state(self.torch)
         random.setstate(self.random)
         if self.numpy is not None:
-            sys.modules["numpy.random"].set_state(self.numpy)
+            numpy = _numpy_random()
+            if numpy is not None:
+                numpy.set_state(self.numpy)
+
+
+def _numpy_random() -> Any:
+    """``numpy.random`` once imported whole (None before): the package gets the
+    attribute only when the submodule's import has finished, where ``sys.modules``
+    holds it half-made while another thread imports it (and ``numpy.random`` itself
+    would import it)."""
+    numpy = sys.modules.get("numpy")
+    return vars(numpy).get("random") if numpy is not None else None
 
 
 def same_numpy(a: Any, b: Any) -> bool:
