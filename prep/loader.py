@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ._explanation import Explanation
 from ._fetch import Fetch, Keyed
 from .core.checks import call_problem, describe_callable
 from .core.options import Options
@@ -32,7 +33,7 @@ from .core.seeding import Seeding, mix, takes_rng
 from .errors import ConfigError, RowError
 from .pool import SHARED
 from .registry import AUTO
-from .stream.stats import Meter, StreamStats
+from .stream.stats import Meter, StreamStats, verdict
 from .stream.stream import Stream, check_prefetch
 
 __all__ = ["Epoch", "Fetch", "Loader"]
@@ -51,6 +52,7 @@ class _Place:
     ended: bool = False
     stream: weakref.ref[Stream] | None = None
     final: StreamStats | None = None
+    strategy: Callable[[], str] | None = None  # how its stream runs batches (explain)
 
     def stats(self) -> StreamStats | None:
         stream = self.stream() if self.stream is not None else None
@@ -210,9 +212,10 @@ class Loader:
         given = self._given is not None
         options = {**self._options, "seed": mix(self.seed, -1) if given else None}
         seeds = Seeding(mix(self.seed, place.epoch), self._rng) if self._given is not None else None
-        batches = self._batches(order, place.start + place.steps * self._step, seeds)
+        at = place.start + place.steps * self._step
+        batches = _Sized(self._batches(order, at, seeds), self._left(at))  # the bar's total
         stream = self._pool.imap_samples(self._fetch, batches, prefetch=self.prefetch, **options)
-        place.stream = weakref.ref(stream)
+        place.stream, place.strategy = weakref.ref(stream), stream.strategy
         return stream
 
     def _batches(
@@ -247,6 +250,29 @@ class Loader:
         place = self._place
         found = place.stats() if place is not None else None
         return found if found is not None else Meter(0, 1).stats()  # no epoch yet
+
+    def explain(self) -> Explanation:
+        """What this Loader's latest epoch ran (its pool's executor and workers, how its
+        stream ran the batches, where it is) and what bounded its loop: this Loader's
+        own, where ``pool.explain()`` tells of every stream of a shared pool."""
+        pool, place = self._pool, self._place
+        lines = [
+            f"prep.Loader: {type(self._fetch.dataset).__name__} of {self.samples:,} samples, "
+            f"{len(self):,} batches of {self.batch_size} an epoch"
+            + (f" on rank {self.rank} of {self.world_size}" if self.world_size > 1 else "")
+            + f"; executor={pool.executor!r}, {pool.workers} workers"
+        ]
+        if place is None:
+            lines.append("  no epoch yet")
+        else:
+            state = "ended" if place.ended else "running"
+            lines.append(f"  epoch {place.epoch} ({state}): {place.steps:,} batches handed over")
+            if place.strategy is not None:
+                lines.append("  " + place.strategy().strip())
+            stats = self.stats()
+            if stats.batches:
+                lines.append(f"  {verdict(stats)}")
+        return Explanation((), lines)
 
     def order(self, epoch: int) -> torch.Tensor:
         """The dataset's indices in epoch ``epoch``'s order (int64), all ranks' together."""
@@ -309,6 +335,19 @@ class Loader:
             f"batch_size={self.batch_size}, executor={self._pool.executor!r}, "
             f"epoch {self.state_dict()['epoch']}>"
         )
+
+
+class _Sized(Iterator[Any]):
+    """An epoch's batches with their number, which a progress bar shows as its end."""
+
+    def __init__(self, batches: Iterator[Any], count: int) -> None:
+        self._batches, self._count = batches, count
+
+    def __next__(self) -> Any:
+        return next(self._batches)
+
+    def __length_hint__(self) -> int:
+        return self._count
 
 
 def _keep_figures(place: _Place, streams: list[Stream]) -> None:

@@ -10,6 +10,7 @@ without a Pool of yours.
 from __future__ import annotations
 
 import atexit
+import operator
 import os
 import threading
 import weakref
@@ -211,7 +212,10 @@ class Pool:
         kind = runnable_here(self._kind, may_fork)
         work = Work(fn, bound, options, samples, self._get, kind.name)
         position = Position(source, batches, start)
-        return self._streams.open(kind, may_fork, batches, prefetch, strategy, work, position)
+        total = operator.length_hint(source, 0) - start  # for the bar: a list's, a Loader's
+        return self._streams.open(
+            kind, may_fork, batches, prefetch, strategy, work, position, max(total, 0) or None
+        )
 
     def explain(self) -> Explanation:
         """What ``auto`` measured and chose for each signature this pool has seen, and

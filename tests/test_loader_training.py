@@ -432,3 +432,55 @@ def test_a_filled_sample_warns_at_the_users_line_in_code_read_from_stdin():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "[[0, 1, 0, 3]]" in done.stdout
     assert "<stdin>" in done.stderr and "1 of 4 rows failed" in done.stderr
+
+
+# ------------------------------------------------------------------ what the loop sees
+
+
+@pytest.mark.timeout(120)
+def test_each_loader_explains_its_own_stream():
+    """Two Loaders on one shared pool: each tells of its own epoch, not the pool's
+    latest stream (which ``pool.explain()`` describes, mixed)."""
+    short = prep.Loader(Numbers(8), double, batch_size=4, executor="threads", workers=2)
+    long = prep.Loader(Numbers(30), double, batch_size=3, executor="threads", workers=2)
+    assert "no epoch yet" in short.explain()
+    list(short)
+    epoch = iter(long)
+    next(epoch)
+    said, other = str(short.explain()), str(long.explain())
+    assert "Numbers of 8 samples, 2 batches of 4" in said and "executor='threads'" in said
+    assert "epoch 0 (ended): 2 batches handed over" in said
+    assert "stream: strategy=" in said and "bound" in said.splitlines()[-1]
+    assert "epoch 0 (running): 1 batches handed over" in other
+    epoch.close()
+
+
+class Bar:
+    """A progress bar that records the total it was made with."""
+
+    made: list[int | None] = []
+
+    def __init__(self, unit: str, total: int | None = None) -> None:
+        Bar.made.append(total)
+
+    def advance(self, rows: int, note: str | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_progress_bar_counts_to_the_epoch_s_batches(monkeypatch):
+    monkeypatch.setattr(prep.stream.streams, "CountBar", Bar)
+    Bar.made = []
+    loader = prep.Loader(Numbers(10), double, batch_size=4, executor="serial", progress=True)
+    assert len(list(loader)) == 3
+    epoch = iter(loader)
+    next(epoch)
+    state = loader.state_dict()
+    epoch.close()
+    loader.load_state_dict(state)  # resumed after one batch: two to come
+    list(loader)
+    with prep.Pool("serial") as pool:
+        list(pool.imap(torch.neg, [torch.ones(2, 2)] * 5, progress=True))
+    assert Bar.made == [3, 3, 2, 5]

@@ -257,6 +257,7 @@ class StrategyPlan:
     streams: int = 0  # the streams it has planned
     flavour: str = ""  # what builds the next whole batch
     timed: bool = True  # whether the batch of the last next() counts towards the trial
+    starting: int = 0  # batches split, untimed, while workers started
 
     def __post_init__(self) -> None:
         self.flavour = self.flavours[0]
@@ -288,7 +289,7 @@ class StrategyPlan:
             name = self.choice.strategy
             self.flavour = self.choice.flavour or self.flavour
         elif not ready:
-            self.timed = False
+            self.timed, self.starting = False, self.starting + 1
             return "split"
         else:
             if self.split.submitted >= self.SPLIT_TRIAL:
@@ -351,11 +352,11 @@ class StrategyPlan:
 
     def describe(self) -> str:
         """A line for ``Pool.explain()``."""
-        counts = [("split", self.split.submitted)]
+        counts = [("split while workers started", self.starting), ("split", self.split.submitted)]
         counts += [(f"whole on {f}", arm.submitted) for f, arm in self.whole.items()]
         ran = ", ".join(f"{k} {v}" for k, v in counts if v)
         if self.strategy != "auto":
-            return f"stream: strategy={self.strategy!r} (as asked); batches: {ran or 'none yet'}"
+            return f"stream: strategy={self.strategy!r}; batches: {ran or 'none yet'}"
         if self.choice is None:
             each = self.workers + self.whole_trial
             return (

@@ -223,7 +223,7 @@ class Stream(Iterator[Any]):
     (``position``: counted from a resumed state; None: from ``batches``' start);
     ``workers`` is how many workers its batches share; ``measure=False`` keeps no
     figures (to measure what they cost); ``bar``: a bar of the batches taken, with the
-    share of its time the loop waited.
+    share of its time the loop waited; ``strategy``: says how its batches run.
     """
 
     def __init__(
@@ -237,9 +237,12 @@ class Stream(Iterator[Any]):
         measure: bool = True,
         position: Position | None = None,
         bar: CountBar | None = None,
+        strategy: Callable[[], str] | None = None,
     ) -> None:
         self.prefetch = check_prefetch(prefetch)
         self._bar = bar
+        #: a line on how this stream runs its batches (its strategy plan's), for explain()
+        self.strategy = strategy
         self._call = call
         self._batches = iter(batches)
         self._position = position or Position(batches, self._batches)

@@ -80,11 +80,13 @@ class Streams:
         strategy: Any,
         work: Work,
         position: Position | None = None,
+        total: int | None = None,
     ) -> Stream:
         """A stream of ``work`` over ``batches``: split batches through the pool's
         executor of ``kind`` (or in parts on its workers), whole ones on the workers of
         a flavour the plan picks; none that starts processes unless ``may_fork``;
-        ``position``: where ``batches`` stand (None: at their start)."""
+        ``position``: where ``batches`` stand (None: at their start); ``total``: the
+        batches to come, where known (the bar's end)."""
         flavours = kind.traits.stream_workers
         if not may_fork:  # a DataLoader worker cannot have children
             kept = tuple(f for f in flavours if not traits_of(f).needs_processes)
@@ -108,10 +110,10 @@ class Streams:
         plan = self.plan(strategy, (work.bound, work.samples, shaping), flavours or ("",))
         parts = kind.name if kind.name in flavours else None  # the executor's own workers
         submit = Submitter(plan, work, parts)
-        bar = CountBar("batch") if work.progress else None
+        bar = CountBar("batch", total=total) if work.progress else None
         stream = Stream(
             work.split, batches, prefetch, submit=submit, workers=self.workers,
-            position=position, bar=bar,
+            position=position, bar=bar, strategy=plan.describe,
         )  # fmt: skip
         if bar is not None:
             weakref.finalize(stream, bar.close)
