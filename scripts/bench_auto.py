@@ -29,6 +29,12 @@ benchmarks.libraries that can run here) and every executor that applies
   (python_work with iters tuned here), a fresh Pool("auto") against a fresh
   Pool("processes"), each in a fresh interpreter (``--many EXECUTOR``): the total.
 
+--load: the whole run beside a training-like load, started before the first timed
+call and stopped at the end: a process running torch matmuls (512 x 512, float32)
+on one intra-op thread, as a training step beside a data pipeline does. Run the
+script once with and once without it, alternately, to compare a quiet machine and
+a busy one (the report's first line says which).
+
 --quick: 16 rows a batch, 2 warm repeats, 1 of the first 6 calls and of 4 batches
 of 16 rows, and the first 6 calls of text_re only (--first6-workloads to change).
 
@@ -518,7 +524,7 @@ def report(
     args: argparse.Namespace,
 ) -> str:
     lines = [
-        "## auto against the best fixed executor",
+        f"## auto against the best fixed executor ({facts['condition']})",
         "",
         f"{facts['cores']} cores ({facts['cpu']}), torch {facts['torch']} "
         f"({facts['torch_threads']} intra-op threads), Python {facts['python']}, "
@@ -649,6 +655,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-many", action="store_true", help="skip the 16-batch case")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 1-2 repeats")
+    parser.add_argument(
+        "--load", action="store_true", help="beside a process of one-thread torch matmuls"
+    )
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "EXECUTOR"), help=argparse.SUPPRESS)
     parser.add_argument("--many", metavar="EXECUTOR", help=argparse.SUPPRESS)
@@ -664,8 +673,28 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+LOAD = (
+    "import torch\n"
+    "torch.set_num_threads(1)\n"
+    "a = torch.randn(512, 512)\n"
+    "while True:\n"
+    "    a = torch.tanh(a @ a)\n"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if args.load and not (args.one or args.many):
+        load = subprocess.Popen([sys.executable, "-c", LOAD])
+        try:
+            return measure(args)
+        finally:
+            load.kill()
+            load.wait()
+    return measure(args)
+
+
+def measure(args: argparse.Namespace) -> int:
     if not args.one:
         os.environ["PREP_WISDOM"] = "off"  # the warm pools measure as a first run does
     if args.one:
@@ -699,6 +728,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         first6 = ([n for n in names if n == "text_re"] or names[:1]) if args.quick else names
 
     facts = machine()
+    facts["condition"] = "beside a training-like load" if args.load else "quiet"
+    say(f"condition: {facts['condition']}")
     say(
         f"{facts['cores']} cores, torch {facts['torch']}, Python {facts['python']}; "
         f"{args.rows} rows, workers={args.workers}, repeat={args.repeat}, "
